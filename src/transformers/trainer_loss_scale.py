@@ -42,8 +42,10 @@ def _is_number(value) -> bool:
 
 def _weights_only_refusal_reason(error: pickle.UnpicklingError) -> str:
     """Returns the part of a weights-only load error that says what the file holds, without torch's advice."""
-    match = re.search(r"(Unsupported [^\n]*|Trying to load unsupported [^\n]*)", str(error))
-    return match.group(1).strip() if match else "it holds data a weights-only load does not accept"
+    # Keep the first sentence of the line that names the refused object, e.g. "Unsupported global: GLOBAL os.system
+    # was not an allowed global by default"; torch's advice on how to allow it is left out on purpose.
+    match = re.search(r"(?:Unsupported|Trying to load unsupported) .*?(?=\.\s|\.?$)", str(error), re.MULTILINE)
+    return match.group(0) if match else "unsupported content"
 
 
 def _scaler_state_problem(state) -> str | None:
@@ -85,9 +87,12 @@ def read_scaler_state(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        problem = f"it is refused by the weights-only loader ({_weights_only_refusal_reason(error)})"
+        problem = (
+            f"the weights-only loader refused it ({_weights_only_refusal_reason(error)}): it is corrupt, or holds "
+            "Python objects where only numbers are expected"
+        )
     except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
+        reason = re.split(r"\.\s", str(error).strip())[0] or "unexpected end of file"
         problem = f"it is not a readable torch file, it may be truncated or corrupt ({type(error).__name__}: {reason})"
     else:
         # A disabled `GradScaler` saves an empty state, which is valid: there is no loss scale to restore.
