@@ -98,7 +98,9 @@ def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_step
     max_steps = kwargs.pop("max_steps", MAX_STEPS)
     scaler_kwargs = {"init_scale": 2.0**10, "growth_interval": 3, **kwargs.pop("scaler_kwargs", {})}
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    )
     args = TrainingArguments(
         output_dir=str(output_dir),
         max_steps=max_steps,
