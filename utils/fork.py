@@ -818,15 +818,62 @@ def cmd_export(project: Project, args) -> int:
         raise ForkError(
             f"{fork} has uncommitted changes ({', '.join(dirty[:10])}): commit them inside the fork, then export"
         )
-    changes = plan_changes(project, plan_export(project, fork))
+    plan = plan_export(project, fork)
+    changes = plan_changes(project, plan)
+    stamp = read_stamp(fork)
+    at_risk = unsaved_repo_files(project, [path for _, path, _, _ in changes], stamp.get("exported", {}))
+    if at_risk and not args.force:
+        raise ForkError(
+            "export would overwrite or delete repository files whose changes are not committed in the repository"
+            " (and did not come from an earlier export):\n  "
+            + "\n  ".join(at_risk)
+            + "\nCommit them in the repository, or copy them into the fork and commit them there; "
+            "or pass --force to overwrite them."
+        )
     apply_changes(project, changes)
     for action, path, _, _ in changes:
         print(f"{'wrote' if action == 'write' else 'deleted'} {project.rel(path)}")
     if not changes:
         print("Nothing to export: the repository matches the fork")
-    stamp = read_stamp(fork)
-    write_stamp(fork, base_sha256=stamp.get("base_sha256"), inputs=inputs_hash(project), head=rev_parse(fork, "HEAD"))
+    exported = {project.rel(project.root / rel): sha256_bytes(data) for rel, (data, _) in plan.overlay.items()}
+    exported.update({project.rel(project.patches_dir / n): sha256_bytes(data) for n, data in plan.patches})
+    exported[project.rel(project.series_file)] = sha256_bytes(plan.series_text)
+    write_stamp(
+        fork,
+        base_sha256=stamp.get("base_sha256"),
+        inputs=inputs_hash(project),
+        head=rev_parse(fork, "HEAD"),
+        exported=exported,
+    )
     return 0
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def unsaved_repo_files(project: Project, paths: list[Path], exported: dict[str, str]) -> list[str]:
+    """Existing files among ``paths`` whose content exists nowhere else: not committed in the repository's git and
+    not what an earlier export wrote. Outside a git repository every existing file counts as unsaved."""
+    existing = [project.rel(p) for p in paths if p.is_file()]
+    if not existing:
+        return []
+    proc = subprocess.run(
+        ["git", "status", "--porcelain", "-z", "--untracked-files=all", "--", *existing],
+        cwd=project.root,
+        env=git_env(),
+        capture_output=True,
+    )
+    if proc.returncode != 0:
+        dirty = set(existing)
+    else:
+        entries = [e for e in proc.stdout.decode(errors="replace").split("\0") if e]
+        dirty = {e[3:] for e in entries if len(e) > 3}
+    return [
+        rel
+        for rel in existing
+        if rel in dirty and exported.get(rel) != sha256_bytes((project.root / rel).read_bytes())
+    ]
 
 
 def patch_description(patch: bytes) -> list[str]:
@@ -1076,7 +1123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--force", action="store_true", help="rebuild even when the fork has unexported work (kept as a backup)"
     )
     build.add_argument("--no-install", action="store_true", help="skip the editable pip install into the venv")
-    sub.add_parser("export", parents=[common], help="write the fork's commits back as overlay files and patches")
+    export = sub.add_parser("export", parents=[common], help="write the fork's commits back as overlay and patches")
+    export.add_argument("--force", action="store_true", help="overwrite repository files with uncommitted changes")
     sub.add_parser("check", parents=[common], help="verify the series applies and is exported, lint the patches")
     pr = sub.add_parser("pr", parents=[common], help="write the PR series and description to dist/")
     pr.add_argument("--out", help="output folder (default: REPO/dist)")

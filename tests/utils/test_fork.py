@@ -57,6 +57,10 @@ def project(tmp_path):
     (root / "patches" / "transformers" / ".patches").write_text("", encoding="utf-8")
     write(root / "src/transformers/loss_scale.py", "def restore():\n    return 1\n")
     write(root / "tests/trainer/test_loss_scale.py", "def test_restore():\n    pass\n")
+    write(root / ".gitignore", "/build/\n")
+    sh(root, "git", "init", "-q")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", *USER, "commit", "-q", "-m", "fake workbench")
     return root
 
 
@@ -170,6 +174,24 @@ def test_export_removes_deleted_overlay_files_and_stale_patches(project):
     assert not (project / "tests/trainer").exists()
     assert list((project / "patches/transformers").glob("*.patch")) == []
     assert (project / "patches/transformers/.patches").read_bytes() == b""
+
+
+def test_export_never_loses_uncommitted_repository_files(project, capsys):
+    assert run(project, "build") == 0
+    write(project / "src/transformers/loss_scale.py", "edited in the repo, not committed\n")
+    write(project / "tests/trainer/test_new.py", "untracked, not in the fork\n")
+    commit_in_fork(project, "Fork work", {"src/transformers/trainer.py": "changed\n"})
+    assert run(project, "export") == 1
+    err = capsys.readouterr().err
+    assert "src/transformers/loss_scale.py" in err and "tests/trainer/test_new.py" in err
+    assert list((project / "patches/transformers").glob("*.patch")) == []
+
+    sh(project, "git", "add", "-A")
+    sh(project, "git", *USER, "commit", "-q", "-m", "save the repo work")
+    assert run(project, "export") == 0  # committed in the repo: git has them, export may replace them
+    assert not (project / "tests/trainer/test_new.py").exists()
+    commit_in_fork(project, "More fork work", {"src/transformers/trainer.py": "changed again\n"})
+    assert run(project, "export") == 0  # files changed only by the previous export are not at risk
 
 
 def test_export_refuses_uncommitted_changes(project, capsys):
