@@ -530,7 +530,8 @@ def plan_export(project: Project, fork: Path) -> ExportPlan:
     for commit in git_text(fork, "rev-list", "--reverse", f"{BASE_REF}..HEAD").split():
         out = git(fork, "diff-tree", "--no-commit-id", "--name-only", "-r", "-z", "--no-renames", commit).stdout
         touched.update(p for p in out.decode().split("\0") if p)
-    pathspecs = sorted(p for p in touched if p in base or not under_roots(p, roots))
+    # Build artifacts (``*.egg-info`` that ``pip install -e`` rewrites) never become patches.
+    pathspecs = sorted(p for p in touched if (p in base or not under_roots(p, roots)) and not is_skipped(p))
     patches = []
     if pathspecs:
         env = git_env()

@@ -165,6 +165,15 @@ def test_edit_export_rebuild_round_trip_is_byte_stable(project, capsys):
     assert run(project, "check") == 0
 
 
+def test_export_leaves_build_artifacts_out_of_patches(project):
+    assert run(project, "build") == 0
+    write(fork_dir(project) / "src/transformers.egg-info/SOURCES.txt", "rewritten by pip install -e\n")
+    sh(fork_dir(project), "git", "add", "-f", "src/transformers.egg-info/SOURCES.txt")
+    sh(fork_dir(project), "git", *USER, "commit", "-q", "-m", "Only an artifact")
+    assert run(project, "export") == 0
+    assert list((project / "patches/transformers").glob("*.patch")) == []
+
+
 def test_export_removes_deleted_overlay_files_and_stale_patches(project):
     make_patch(project)
     sh(fork_dir(project), "git", "reset", "-q", "--hard", "upstream-base")  # drop the overlay and the patch
