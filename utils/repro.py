@@ -1,0 +1,802 @@
+"""
+Reproduce transformers#34053 offline, against stock transformers and against the fork, side by side.
+
+Usage (what `make repro` runs):
+
+    .venv/bin/python utils/repro.py [--out build/repro] [--steps 20] [--resume-step 11] [--scenarios ...]
+                                    [--device auto|cpu|cuda] [--stock-src build/stock/src] [--variants stock,fork]
+
+#34053: with fp16 mixed precision, the `GradScaler` loss scale was not saved in checkpoints. After a resume it
+restarted at 65536, the gradients overflowed, the updates were skipped, the LR scheduler paused, and the LR and loss
+curves no longer matched the uninterrupted run.
+
+The setup follows the reporters: a run of `--steps` steps (cosine schedule, batch 4, lr 1e-5, fp16, logging and a
+checkpoint at every step), then the same run resumed from `checkpoint-<resume-step>` with the later checkpoints gone
+(the checkpoint is copied into a fresh output directory). Everything is offline: a tiny GPT-2 built from a config
+(seeded), the prompts of `utils/data/prompts.txt` encoded by a byte-level tokenizer defined here.
+
+Scenarios (`--scenarios`, default all):
+
+- `exact_resume`: resume with the same settings. Must match the uninterrupted run bit for bit.
+- `no_scaler_pt`: resume from a checkpoint without `scaler.pt` (as saved by transformers <= 4.48). The loss scale
+  restarts at 65536 and the run cannot match; stock says nothing, the fork warns.
+- `bf16_resume`: resume the fp16 checkpoint with bf16. Stock crashes in `_load_scaler` (the run has no scaler); the
+  fork resumes and says at info level that the saved loss scale is not used.
+- `fused_skip`: two uninterrupted runs, `adamw_torch` and the default `adamw_torch_fused`, with overflows forced at
+  `--overflow-steps`. A fused optimizer skips overflowing updates itself, so stock's Trainer does not see the skip and
+  advances the LR schedule anyway; the fork holds it, like with `adamw_torch`.
+
+Choices made to see the bug on a tiny model:
+
+- Overflow at the stock loss scale: the model is initialized with `initializer_range=1.0`, which makes its fp16
+  activations and gradients large, so -- like the reporters' models -- a loss scale of 65536 overflows. The
+  `GradScaler` keeps its defaults (init_scale 65536, growth_interval 2000): it backs off to 8192 within the first
+  steps (a few skipped updates), then stays there. With the default `initializer_range=0.02` the tiny model never
+  overflows at 65536 and a lost loss scale goes unnoticed. The uninterrupted and resumed runs are otherwise
+  identical, so an exact resume is bit-exact.
+- Forced overflows (`fused_skip`): a hook on the input embedding's weight replaces its gradient with inf during the
+  backward pass of the chosen steps. The scaler then finds inf, skips the update and halves the scale, exactly as for
+  a natural overflow, at steps chosen in the middle of the schedule where the LR visibly moves.
+- fp16 on CPU: accelerate builds no `GradScaler` on CPU, so `fp16=True` alone would silently train in fp32. On CPU
+  each fp16 run sets `trainer.accelerator.native_amp = True` (accelerate then wraps the forward in
+  `torch.autocast("cpu", torch.float16)`) and `trainer.accelerator.scaler = torch.amp.GradScaler("cpu")` before
+  `train()`. With a CUDA device (`--device auto` picks it) the runs use plain `fp16=True`, no such adjustment.
+- Stock Trainers do not log the loss scale. A callback of this script records it (and counts the updates where the
+  scale backed off, i.e. skipped updates) into the log entries of runs that do not log `loss_scale` themselves, as
+  `repro_loss_scale` / `repro_num_skipped_updates`; tables and comparisons show them as `loss_scale` /
+  `num_skipped_updates`, marked as observed.
+
+Stock and fork run in separate worker processes of this script (in parallel), the stock one with
+`PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. When the default
+stock source directory is missing it is extracted from the fork's `upstream-base` tag (`git archive`, read-only).
+
+Output, under `--out`: `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
+`report.json` (settings, per scenario and variant: status, messages, step rows, first divergence with its likely
+cause, verdict), `repro.png` (learning rate, loss and loss scale against the step, reference vs candidate, stock vs
+fork, one row per scenario). The console shows progress, a per-step table per scenario and variant, and the verdicts.
+
+Exit status: 0 when the fork behaves as fixed in every scenario run (exact resume identical, warning without
+`scaler.pt`, no crash with bf16, LR held on skipped updates), 1 otherwise, 2 on a usage or setup error.
+"""
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resume_diff  # noqa: E402
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS_FILE = os.path.join(REPO_ROOT, "utils", "data", "prompts.txt")
+FORK_DIR = os.path.join(REPO_ROOT, "build", "transformers")
+DEFAULT_STOCK_SRC = os.path.join("build", "stock", "src")
+STOCK_TAG = "upstream-base"
+VARIANTS = ("stock", "fork")
+
+SEQUENCE_LENGTH = 32
+BATCH_SIZE = 4
+LEARNING_RATE = 1e-5
+SEED = 0
+INITIALIZER_RANGE = 1.0  # large enough for fp16 gradients to overflow at a loss scale of 65536 (see docstring)
+
+# name -> (title, reference run, candidate run, short labels for both)
+SCENARIOS = {
+    "exact_resume": (
+        "exact resume from checkpoint-{r}",
+        "uninterrupted",
+        "exact_resume",
+        ("uninterrupted", "resumed"),
+    ),
+    "no_scaler_pt": (
+        "resume from checkpoint-{r} without scaler.pt (legacy checkpoint)",
+        "uninterrupted",
+        "no_scaler_pt",
+        ("uninterrupted", "resumed"),
+    ),
+    "bf16_resume": (
+        "resume the fp16 checkpoint-{r} with bf16",
+        "uninterrupted",
+        "bf16_resume",
+        ("uninterrupted fp16", "resumed bf16"),
+    ),
+    "fused_skip": (
+        "overflows forced at steps {o}: adamw_torch vs adamw_torch_fused",
+        "fused_skip/adamw_torch",
+        "fused_skip/adamw_torch_fused",
+        ("adamw_torch", "adamw_torch_fused"),
+    ),
+}
+RESUME_SCENARIOS = ("exact_resume", "no_scaler_pt", "bf16_resume")
+TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "loss_scale", "num_skipped_updates")
+PROBE_FIELDS = {"repro_loss_scale": "loss_scale", "repro_num_skipped_updates": "num_skipped_updates"}
+MISSING_SCALER_WARNING = "no saved loss scale"
+# Messages about loss scaling (whole words: run directories such as `no_scaler_pt` must not match).
+LOSS_SCALE_MESSAGE = re.compile(r"\bloss scale\b|\bscaler\b|GradScaler", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data: the project's prompts, byte-level tokenized.
+
+
+def encode(text: str, length: int = SEQUENCE_LENGTH) -> tuple[list[int], list[int]]:
+    """Byte-level tokenizer: UTF-8 bytes shifted by one (0 is padding), truncated or padded to `length`."""
+    ids = [byte + 1 for byte in text.encode("utf-8")][:length]
+    mask = [1] * len(ids) + [0] * (length - len(ids))
+    return ids + [0] * (length - len(ids)), mask
+
+
+def load_prompts(path: str = PROMPTS_FILE) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def make_dataset(prompts: list[str]) -> list[dict]:
+    """Returns the training examples: input_ids, attention_mask and labels (-100 on padding) as tensors."""
+    import torch
+
+    examples = []
+    for prompt in prompts:
+        ids, mask = encode(prompt)
+        labels = [token if keep else -100 for token, keep in zip(ids, mask)]
+        examples.append(
+            {
+                "input_ids": torch.tensor(ids),
+                "attention_mask": torch.tensor(mask),
+                "labels": torch.tensor(labels),
+            }
+        )
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker: runs one variant's scenarios in this process (stock or fork, whichever `transformers` imports).
+
+
+class _MessageCapture(logging.Handler):
+    """
+    Keeps the transformers messages of the current run: those about the loss scale or scaler (any level from info)
+    in `messages`, the other warnings in `other_warnings`.
+    """
+
+    def __init__(self):
+        super().__init__(level=logging.INFO)
+        self.reset()
+
+    def reset(self):
+        self.messages, self.other_warnings = [], []
+
+    def emit(self, record):
+        message = f"{record.levelname}: {record.getMessage()}"
+        if LOSS_SCALE_MESSAGE.search(message):
+            self.messages.append(message)
+        elif record.levelno >= logging.WARNING:
+            self.other_warnings.append(message)
+
+
+def _make_probe_callback(trainer):
+    """
+    Returns a callback that adds `repro_loss_scale` and `repro_num_skipped_updates` to the log entries of a run that
+    does not log `loss_scale` itself (stock). An update counts as skipped when the scale backed off during the step.
+    Assumes logging at every step.
+    """
+    from transformers import TrainerCallback
+
+    class LossScaleProbe(TrainerCallback):
+        def __init__(self):
+            self.scale_before = None
+            self.skipped = False
+
+        def _scaler(self):
+            scaler = trainer.accelerator.scaler
+            return scaler if scaler is not None and scaler.is_enabled() else None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self._scaler() is not None:
+                self.scale_before = self._scaler().get_scale()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self._scaler() is not None and self.scale_before is not None:
+                self.skipped = self._scaler().get_scale() < self.scale_before
+
+        def on_log(self, args, state, control, **kwargs):
+            entry = state.log_history[-1]
+            if self._scaler() is None or "loss" not in entry or "loss_scale" in entry:
+                return
+            earlier = [
+                e["repro_num_skipped_updates"] for e in state.log_history[:-1] if "repro_num_skipped_updates" in e
+            ]
+            entry["repro_loss_scale"] = self._scaler().get_scale()
+            entry["repro_num_skipped_updates"] = (earlier[-1] if earlier else 0) + int(self.skipped)
+
+    return LossScaleProbe()
+
+
+def _inject_overflow(trainer, steps: list[int]) -> None:
+    """Makes the input embedding's gradient inf in the backward pass of the given (1-based) optimizer steps."""
+    import torch
+
+    weight = trainer.model.get_input_embeddings().weight
+
+    def hook(grad):
+        return torch.full_like(grad, math.inf) if trainer.state.global_step + 1 in steps else grad
+
+    weight.register_hook(hook)
+
+
+def _run_training(run_dir, options, device, precision, optim, resume_from=None, overflow_steps=(), save=True):
+    """Builds the model and Trainer for one run and trains it. Returns the Trainer."""
+    import torch
+
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    torch.manual_seed(SEED)
+    config = GPT2Config(
+        vocab_size=257,
+        n_positions=SEQUENCE_LENGTH,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        initializer_range=INITIALIZER_RANGE,
+    )
+    model = GPT2LMHeadModel(config)
+    on_cpu = device == "cpu"
+    args = TrainingArguments(
+        run_dir,
+        max_steps=options.steps,
+        per_device_train_batch_size=BATCH_SIZE,
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="cosine",
+        optim=optim,
+        fp16=precision == "fp16",
+        bf16=precision == "bf16",
+        use_cpu=on_cpu,
+        logging_steps=1,
+        save_strategy="steps" if save else "no",
+        save_steps=1,
+        report_to=[],
+        seed=SEED,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(model, args, train_dataset=make_dataset(load_prompts()))
+    trainer.remove_callback(PrinterCallback)
+    if on_cpu and precision == "fp16":
+        trainer.accelerator.native_amp = True
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+    trainer.add_callback(_make_probe_callback(trainer))
+    if overflow_steps:
+        _inject_overflow(trainer, list(overflow_steps))
+    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_state()
+    return trainer
+
+
+def _run(name, run_dir, capture, variant, **kwargs):
+    """Runs `_run_training`, capturing crashes and messages. Returns the run's record."""
+    print(f"[{variant}] {name}: running ...", flush=True)
+    capture.reset()
+    start = time.perf_counter()
+    record = {"dir": run_dir, "status": "ok", "error": None}
+    try:
+        _run_training(run_dir, **kwargs)
+    except Exception as error:
+        record["status"] = "crashed"
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc(limit=-3)
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    record["messages"] = list(dict.fromkeys(capture.messages))
+    record["other_warnings"] = list(dict.fromkeys(capture.other_warnings))
+    outcome = "done" if record["status"] == "ok" else f"CRASHED ({record['error']})"
+    print(f"[{variant}] {name}: {outcome} in {record['seconds']} s", flush=True)
+    return record
+
+
+def _copy_checkpoint(source_run: str, step: int, run_dir: str) -> str:
+    """Copies `checkpoint-<step>` of `source_run` into a fresh `run_dir`, as if the later ones had been deleted."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    checkpoint = os.path.join(run_dir, f"checkpoint-{step}")
+    shutil.copytree(os.path.join(source_run, f"checkpoint-{step}"), checkpoint)
+    return checkpoint
+
+
+def run_worker(variant: str, options) -> dict:
+    """Runs the chosen scenarios with the `transformers` this process imports. Writes and returns the results."""
+    import torch
+
+    import transformers
+
+    torch.set_num_threads(1)  # stock and fork workers run in parallel
+    transformers.utils.logging.set_verbosity_info()
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.disable_progress_bar()
+    capture = _MessageCapture()
+    logging.getLogger("transformers").addHandler(capture)
+
+    device = options.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = os.path.join(options.out, variant)
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(base)
+    results = {
+        "variant": variant,
+        "transformers_file": transformers.__file__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "device": device,
+        "runs": {},
+    }
+    common = {"options": options, "device": device, "capture": capture, "variant": variant}
+    runs = results["runs"]
+    if any(scenario in RESUME_SCENARIOS for scenario in options.scenarios):
+        baseline = os.path.join(base, "uninterrupted")
+        runs["uninterrupted"] = _run("uninterrupted", baseline, precision="fp16", optim="adamw_torch_fused", **common)
+        for scenario in RESUME_SCENARIOS:
+            if scenario not in options.scenarios or runs["uninterrupted"]["status"] != "ok":
+                continue
+            run_dir = os.path.join(base, scenario)
+            checkpoint = _copy_checkpoint(baseline, options.resume_step, run_dir)
+            if scenario == "no_scaler_pt":
+                os.remove(os.path.join(checkpoint, "scaler.pt"))
+            precision = "bf16" if scenario == "bf16_resume" else "fp16"
+            runs[scenario] = _run(
+                scenario, run_dir, precision=precision, optim="adamw_torch_fused", resume_from=checkpoint, **common
+            )
+    if "fused_skip" in options.scenarios:
+        for optim in ("adamw_torch", "adamw_torch_fused"):
+            name = f"fused_skip/{optim}"
+            run_dir = os.path.join(base, name)
+            runs[name] = _run(
+                name,
+                run_dir,
+                precision="fp16",
+                optim=optim,
+                overflow_steps=options.overflow_steps,
+                save=False,
+                **common,
+            )
+    with open(os.path.join(base, "worker.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Driver: starts the workers, compares their runs, prints tables and verdicts, writes report.json and repro.png.
+
+
+def ensure_stock_src(stock_src: str) -> None:
+    """Extracts the pristine sources (tag `upstream-base` of the fork) into `stock_src` when missing."""
+    if os.path.isfile(os.path.join(stock_src, "transformers", "__init__.py")):
+        return
+    if os.path.normpath(stock_src) != os.path.normpath(os.path.join(REPO_ROOT, DEFAULT_STOCK_SRC)):
+        raise SystemExit(f"repro: error: --stock-src {stock_src} has no transformers/__init__.py")
+    print(f"extracting stock transformers ({STOCK_TAG} of {FORK_DIR}) into {stock_src} ...", flush=True)
+    target = os.path.dirname(stock_src)
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    archive = subprocess.run(["git", "-C", FORK_DIR, "archive", STOCK_TAG, "src"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(
+            f"repro: error: cannot extract {STOCK_TAG} from {FORK_DIR}: {archive.stderr.decode().strip()}"
+        )
+    subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, check=True)
+    shutil.rmtree(target, ignore_errors=True)
+    os.rename(partial, target)
+
+
+def _worker_command(variant: str, options) -> list[str]:
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--out",
+        options.out,
+        "--steps",
+        str(options.steps),
+        "--resume-step",
+        str(options.resume_step),
+        "--device",
+        options.device,
+        "--scenarios",
+        *options.scenarios,
+        "--overflow-steps",
+        ",".join(map(str, options.overflow_steps)),
+    ]
+
+
+def _worker_env(variant: str, options) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != options.stock_src]
+    if variant == "stock":
+        paths.insert(0, options.stock_src)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def run_workers(options) -> dict:
+    """Runs one worker process per variant, in parallel. Returns `{variant: worker results}`."""
+    processes = {}
+    for variant in options.variants:
+        processes[variant] = subprocess.Popen(
+            _worker_command(variant, options), env=_worker_env(variant, options), cwd=REPO_ROOT
+        )
+    results = {}
+    for variant, process in processes.items():
+        returncode = process.wait()
+        path = os.path.join(options.out, variant, "worker.json")
+        if returncode != 0 or not os.path.isfile(path):
+            raise SystemExit(f"repro: error: the {variant} worker failed (exit status {returncode})")
+        with open(path, encoding="utf-8") as f:
+            results[variant] = json.load(f)
+        expected_stock = variant == "stock"
+        is_stock = os.path.abspath(results[variant]["transformers_file"]).startswith(options.stock_src + os.sep)
+        if expected_stock != is_stock:
+            raise SystemExit(f"repro: error: the {variant} worker imported {results[variant]['transformers_file']}")
+    return results
+
+
+def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
+    """
+    Returns `history` with repro's observed `repro_*` fields under the names the fork logs (`loss_scale`,
+    `num_skipped_updates`), and whether any was observed rather than logged.
+    """
+    normalized, observed = [], False
+    for entry in history:
+        entry = dict(entry)
+        for probe_name, name in PROBE_FIELDS.items():
+            if probe_name in entry:
+                value = entry.pop(probe_name)
+                if name not in entry:
+                    entry[name] = value
+                    observed = True
+        normalized.append(entry)
+    return normalized, observed
+
+
+def _load_run(run: dict | None) -> tuple[list[dict], bool]:
+    if run is None:
+        return [], False
+    try:
+        history, _ = resume_diff.load_log_history(run["dir"])
+    except resume_diff.ResumeDiffError:
+        return [], False
+    return with_probe_fields(history)
+
+
+def compare_variant(scenario: str, worker: dict) -> dict:
+    """Compares the reference and candidate runs of `scenario` for one variant. Returns the variant's result."""
+    _, reference_name, candidate_name, _ = SCENARIOS[scenario]
+    reference, candidate = worker["runs"].get(reference_name), worker["runs"].get(candidate_name)
+    history_a, observed_a = _load_run(reference)
+    history_b, observed_b = _load_run(candidate)
+    rows_a, rows_b = resume_diff.step_rows(history_a), resume_diff.step_rows(history_b)
+    crashed = [run for run in (reference, candidate) if run is not None and run["status"] != "ok"]
+    result = {
+        "transformers_file": worker["transformers_file"],
+        "status": "crashed" if crashed else "ok",
+        "error": crashed[0]["error"] if crashed else None,
+        "messages": candidate["messages"] if candidate else [],
+        "other_warnings": candidate["other_warnings"] if candidate else [],
+        "loss_scale_observed_by_repro": observed_a or observed_b,
+        "reference_rows": rows_a,
+        "candidate_rows": rows_b,
+        "comparison": resume_diff.compare_histories(history_a, history_b),
+        "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
+        "skipped_steps": [step for step in rows_b if resume_diff.was_skipped(rows_b, step)],
+    }
+    result["verdict"] = verdict(scenario, result)
+    result["fixed"] = fork_behaves_as_fixed(scenario, result)
+    return result
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def verdict(scenario: str, result: dict) -> str:
+    """One line saying what happened in `scenario` for one variant."""
+    if result["status"] == "crashed":
+        return f"crashes: {result['error']}"
+    parts = []
+    comparison = result["comparison"]
+    if scenario == "fused_skip":
+        skipped, advanced = result["skipped_steps"], result["lr_advanced_on_skipped_updates"]
+        if advanced:
+            parts.append(
+                f"LR advances on {len(advanced)} of {len(skipped)} skipped updates (steps {_steps(advanced)})"
+            )
+        else:
+            parts.append(f"LR held on all {len(skipped)} skipped updates")
+    if scenario == "bf16_resume":
+        parts.append(f"resumes in bf16 to step {max(result['candidate_rows'], default='-')}")
+    if comparison["identical"]:
+        parts.append(f"identical ({comparison['steps_compared']} steps, bit-exact)")
+    else:
+        divergence = comparison["divergence"]
+        first = divergence["fields"][0]
+        cause = f"; {divergence['cause']}" if divergence["cause"] else ""
+        parts.append(
+            f"diverges at step {divergence['step']} ({first['field']} {_short(first['a'])} -> {_short(first['b'])}"
+            f"{cause})"
+        )
+    if scenario in ("no_scaler_pt", "bf16_resume"):
+        messages = result["messages"]
+        parts.append(
+            f"says: {_shorten(_without_dirs(messages[0]))}" if messages else "says nothing about the loss scale"
+        )
+    return "; ".join(parts)
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps))
+
+
+def _without_dirs(text: str) -> str:
+    """Shortens the absolute paths in a message to their last components: `.../checkpoint-11/scaler.pt`."""
+    return re.sub(r"/\S*/(checkpoint-\d+)", r".../\1", text)
+
+
+def _shorten(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def fork_behaves_as_fixed(scenario: str, result: dict) -> bool:
+    """Whether a variant shows the fixed behavior in `scenario` (the fork must; stock is shown for contrast)."""
+    if result["status"] != "ok":
+        return False
+    if scenario == "exact_resume":
+        return result["comparison"]["identical"]
+    if scenario == "no_scaler_pt":
+        return any(MISSING_SCALER_WARNING in message for message in result["messages"])
+    if scenario == "bf16_resume":
+        return bool(result["candidate_rows"]) and max(result["candidate_rows"]) == max(result["reference_rows"])
+    if scenario == "fused_skip":
+        rows_a, rows_b = result["reference_rows"], result["candidate_rows"]
+        same_lr = all(
+            resume_diff.values_equal(rows_a[step].get("learning_rate"), rows_b[step].get("learning_rate"))
+            for step in rows_a
+            if step in rows_b
+        )
+        return same_lr and not result["lr_advanced_on_skipped_updates"]
+    raise ValueError(f"unknown scenario {scenario}")
+
+
+def _cell(row: dict | None, field: str) -> str:
+    if row is None:
+        return "-"
+    value = row.get(field)
+    if value is None:
+        return "-"
+    if field == "learning_rate":
+        return f"{value:.4e}"
+    if field in ("loss", "grad_norm") and isinstance(value, float):
+        return f"{value:.4f}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def format_table(scenario: str, result: dict, first_step: int = 1) -> str:
+    """Per-step table of the reference and candidate runs, with the fields that differ at each step."""
+    labels = SCENARIOS[scenario][3]
+    rows_a, rows_b = result["reference_rows"], result["candidate_rows"]
+    headers = ("lr", "loss", "grad_norm", "scale", "skip")
+    widths = (10, 8, 9, 7, 4)
+    half = " ".join(h.rjust(w) for h, w in zip(headers, widths))
+    width = len(half)
+    lines = [
+        f"  step | {labels[0][:width].ljust(width)} | {labels[1][:width].ljust(width)} | differs",
+        f"       | {half} | {half} |",
+    ]
+    divergence = result["comparison"]["divergence"]
+    for step in sorted(set(rows_a) | set(rows_b)):
+        if step < first_step:
+            continue
+        row_a, row_b = rows_a.get(step), rows_b.get(step)
+        cells_a = " ".join(_cell(row_a, f).rjust(w) for f, w in zip(TABLE_FIELDS, widths))
+        cells_b = " ".join(_cell(row_b, f).rjust(w) for f, w in zip(TABLE_FIELDS, widths))
+        if row_a is None or row_b is None:
+            differs = "(missing)"
+        else:
+            differs = ", ".join(d["field"] for d in resume_diff.differing_fields(row_a, row_b))
+        if divergence is not None and divergence["step"] == step:
+            differs += "  <- first divergence"
+        lines.append(f"  {step:4d} | {cells_a} | {cells_b} | {differs}")
+    return "\n".join(lines)
+
+
+def build_report(options, workers: dict) -> dict:
+    scenarios = {}
+    for scenario in options.scenarios:
+        title = SCENARIOS[scenario][0].format(r=options.resume_step, o=_steps(options.overflow_steps))
+        scenarios[scenario] = {"title": title, "variants": {}}
+        for variant, worker in workers.items():
+            scenarios[scenario]["variants"][variant] = compare_variant(scenario, worker)
+    fork_results = [s["variants"]["fork"] for s in scenarios.values() if "fork" in s["variants"]]
+    return {
+        "settings": {
+            "steps": options.steps,
+            "resume_step": options.resume_step,
+            "overflow_steps": options.overflow_steps,
+            "device": next(iter(workers.values()))["device"],
+            "batch_size": BATCH_SIZE,
+            "learning_rate": LEARNING_RATE,
+            "lr_scheduler_type": "cosine",
+            "initializer_range": INITIALIZER_RANGE,
+            "stock_src": options.stock_src,
+        },
+        "variants": {
+            variant: {key: worker[key] for key in ("transformers_file", "transformers_version", "torch_version")}
+            for variant, worker in workers.items()
+        },
+        "scenarios": scenarios,
+        "fork_as_expected": all(result["fixed"] for result in fork_results) if fork_results else None,
+    }
+
+
+def print_report(report: dict, options) -> None:
+    for number, (scenario, entry) in enumerate(report["scenarios"].items(), start=1):
+        print(f"\n=== {number}. {scenario}: {entry['title']}")
+        first_step = max(1, options.resume_step - 1) if scenario in RESUME_SCENARIOS else 1
+        for variant, result in entry["variants"].items():
+            note = " (loss scale and skips observed by repro: this Trainer does not log them)"
+            print(f"\n{variant}{note if result['loss_scale_observed_by_repro'] else ''}:")
+            if first_step > 1:
+                print(
+                    f"  (steps 1-{options.resume_step} are restored from checkpoint-{options.resume_step}'s log "
+                    f"history, identical in both runs; the table starts at step {first_step})"
+                )
+            print(format_table(scenario, result, first_step))
+            divergence = result["comparison"]["divergence"]
+            if divergence is not None and divergence["explanation"]:
+                print(f"  likely cause ({divergence['cause']}): {divergence['explanation']}")
+            for message in result["messages"]:
+                print(f"  {_shorten(message, 200)}")
+            if result["status"] == "crashed":
+                print(f"  CRASH: {result['error']}")
+        for variant, result in entry["variants"].items():
+            print(f"  verdict {variant}: {result['verdict']}")
+    print("\n=== verdicts")
+    for scenario, entry in report["scenarios"].items():
+        for variant, result in entry["variants"].items():
+            print(f"{scenario:13s} {variant:5s}: {result['verdict']}")
+
+
+def plot_report(report: dict, options, path: str) -> None:
+    """Learning rate, loss and loss scale against the step: one row per scenario, reference vs candidate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = report["scenarios"]
+    fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 3.6 * len(scenarios)), squeeze=False)
+    colors = {"stock": "tab:red", "fork": "tab:blue"}
+    markers = {"stock": "x", "fork": "o"}  # distinct, so that overlapping curves stay visible
+    for axes_row, (scenario, entry) in zip(axes, scenarios.items()):
+        labels = SCENARIOS[scenario][3]
+        crashed = [variant for variant, result in entry["variants"].items() if result["status"] == "crashed"]
+        for column, (ax, field) in enumerate(zip(axes_row, ("learning_rate", "loss", "loss_scale"))):
+            for variant, result in entry["variants"].items():
+                for rows, label, style in (
+                    (result["reference_rows"], labels[0], {"linestyle": "-", "linewidth": 3, "alpha": 0.35}),
+                    (
+                        result["candidate_rows"],
+                        labels[1],
+                        {
+                            "linestyle": "--",
+                            "marker": markers[variant],
+                            "markersize": 4,
+                            "linewidth": 1,
+                            "markerfacecolor": "none",
+                        },
+                    ),
+                ):
+                    points = [(s, r[field]) for s, r in rows.items() if isinstance(r.get(field), (int, float))]
+                    points = [(s, v) for s, v in points if math.isfinite(v)]
+                    if points:
+                        ax.plot(*zip(*points), color=colors[variant], label=f"{variant} {label}", **style)
+            if scenario in RESUME_SCENARIOS:
+                ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
+            if field == "loss_scale":
+                ax.set_yscale("log", base=2)
+            title = f"{scenario}: {field}"
+            if crashed:
+                title += f" ({', '.join(crashed)}: crashed, no resumed curve)"
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+            if column == 0:
+                ax.legend(fontsize=7)
+    fig.suptitle(
+        "transformers#34053: reference (thick) vs candidate (dashed), stock (red, x) vs fork (blue, o); "
+        "dotted line: resume step",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Reproduce transformers#34053 (fp16 resume) offline against stock transformers and the fork."
+    )
+    parser.add_argument(
+        "--out", default=os.path.join("build", "repro"), help="output directory (default: build/repro)"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
+    parser.add_argument("--resume-step", type=int, default=11, help="checkpoint to resume from (default: 11)")
+    parser.add_argument(
+        "--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS), help="default: all"
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda if present")
+    parser.add_argument("--stock-src", default=DEFAULT_STOCK_SRC, help=f"stock sources (default: {DEFAULT_STOCK_SRC})")
+    parser.add_argument("--variants", default="stock,fork", help="comma-separated, default: stock,fork")
+    parser.add_argument(
+        "--overflow-steps", default="9,10", help="steps with forced overflow in fused_skip (default: 9,10)"
+    )
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    options.out = os.path.abspath(options.out)
+    options.stock_src = os.path.abspath(options.stock_src)
+    options.scenarios = list(dict.fromkeys(options.scenarios))
+    options.variants = [v.strip() for v in options.variants.split(",") if v.strip()]
+    if not options.variants or any(v not in VARIANTS for v in options.variants):
+        parser.error(f"--variants: choose among {', '.join(VARIANTS)}")
+    try:
+        overflow_steps = [int(s) for s in options.overflow_steps.split(",") if s.strip()]
+    except ValueError:
+        parser.error("--overflow-steps: comma-separated step numbers expected")
+    options.overflow_steps = [s for s in overflow_steps if 1 <= s <= options.steps] or [max(1, options.steps // 2)]
+    if not 1 <= options.resume_step < options.steps:
+        parser.error("--resume-step must be at least 1 and less than --steps")
+    return options
+
+
+def main(argv=None) -> int:
+    options = parse_args(argv)
+    if options.worker:
+        run_worker(options.worker, options)
+        return 0
+    start = time.perf_counter()
+    if "stock" in options.variants:
+        ensure_stock_src(options.stock_src)
+    os.makedirs(options.out, exist_ok=True)
+    print(
+        f"repro #34053: {options.steps} steps, resume from checkpoint-{options.resume_step}, scenarios "
+        f"{', '.join(options.scenarios)}; variants {', '.join(options.variants)} (one process each) ...",
+        flush=True,
+    )
+    workers = run_workers(options)
+    report = build_report(options, workers)
+    print_report(report, options)
+    report_path, plot_path = os.path.join(options.out, "report.json"), os.path.join(options.out, "repro.png")
+    with open(report_path, "w", encoding="utf-8") as f:
+        json.dump(resume_diff.json_safe(report), f, indent=2)
+    plot_report(report, options, plot_path)
+    print(f"\nreport: {report_path}\nplot:   {plot_path}")
+    print(
+        f"compare any two runs: python utils/resume_diff.py {options.out}/fork/uninterrupted {options.out}/fork/no_scaler_pt"
+    )
+    fork_ok = report["fork_as_expected"]
+    if fork_ok is not None:
+        print(f"fork behaves as fixed in every scenario: {'yes' if fork_ok else 'NO'}")
+    print(f"done in {time.perf_counter() - start:.0f} s")
+    return 0 if fork_ok in (True, None) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
