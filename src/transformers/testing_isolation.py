@@ -86,8 +86,10 @@ logger = logging.get_logger(__name__)
 ISOLATION_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
 """Environment variables set for the server and for every test child on top of [`snapshot_environ`]."""
 
-# Imported once by the server, so that children start with them already imported.
+# Imported once by the server, so that children start with them already imported; every child checks they are.
 PRELOADED_MODULES = ("torch", "transformers", "transformers.trainer", "transformers.testing_isolation")
+# Also preloaded where installed. Not `transformers.testing_utils`: it calls `torch.cuda.is_available()` on import.
+_OPTIONAL_PRELOADED_MODULES = ("pytest",)
 
 # Set by pytest for the test being run: taken from the parent when a test starts, never from the snapshot.
 _PER_TEST_VARIABLE = "PYTEST_CURRENT_TEST"
@@ -208,7 +210,7 @@ def _get_context():
     if _context is None:
         if "forkserver" in multiprocessing.get_all_start_methods():
             _context = multiprocessing.get_context("forkserver")
-            _context.set_forkserver_preload(list(PRELOADED_MODULES))
+            _context.set_forkserver_preload([*PRELOADED_MODULES, *_OPTIONAL_PRELOADED_MODULES])
         else:
             logger.warning("No forkserver on this platform: tests run in fresh processes are spawned (slower).")
             _context = multiprocessing.get_context("spawn")
@@ -238,6 +240,7 @@ def _run_in_child(request, timeout):
     """
     with tempfile.TemporaryDirectory(prefix="fresh_process_") as workdir:
         request = {**request, "workdir": workdir}
+        open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
         process = _get_context().Process(target=_child_main, args=(request,), name="fresh_process_test")
         with _launch_environ():
             process.start()
@@ -316,7 +319,7 @@ def _child_main(request):
 def _redirect_output(path):
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
