@@ -498,7 +498,7 @@ def compare_variant(scenario: str, worker: dict) -> dict:
         "skipped_steps": [step for step in rows_b if resume_diff.was_skipped(rows_b, step)],
     }
     result["verdict"] = verdict(scenario, result)
-    result["fixed"] = fork_behaves_as_fixed(scenario, result)
+    result["behaves_as_fixed"] = fork_behaves_as_fixed(scenario, result)
     return result
 
 
@@ -643,7 +643,7 @@ def build_report(options, workers: dict) -> dict:
             for variant, worker in workers.items()
         },
         "scenarios": scenarios,
-        "fork_as_expected": all(result["fixed"] for result in fork_results) if fork_results else None,
+        "fork_as_expected": all(result["behaves_as_fixed"] for result in fork_results) if fork_results else None,
     }
 
 

@@ -1,0 +1,121 @@
+"""Tests for utils/repro.py: its pure helpers, and one short end-to-end run against stock and fork (~30 s)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("workbench_repro", REPO_ROOT / "utils" / "repro.py")
+repro = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(repro)
+
+
+def test_encode_pads_and_truncates():
+    ids, mask = repro.encode("ab", length=4)
+    assert ids == [ord("a") + 1, ord("b") + 1, 0, 0]
+    assert mask == [1, 1, 0, 0]
+    ids, mask = repro.encode("é" * 10, length=4)  # bytes, not characters
+    assert len(ids) == 4 and mask == [1, 1, 1, 1] and max(ids) <= 256
+
+
+def test_prompts_are_shipped():
+    prompts = repro.load_prompts()
+    assert 24 <= len(prompts) <= 100
+    assert all(prompt.strip() == prompt and prompt for prompt in prompts)
+
+
+def test_probe_fields_take_the_logged_names_only_when_missing():
+    stock = [{"loss": 1.0, "step": 1, "repro_loss_scale": 8192.0, "repro_num_skipped_updates": 2}]
+    normalized, observed = repro.with_probe_fields(stock)
+    assert observed
+    assert normalized == [{"loss": 1.0, "step": 1, "loss_scale": 8192.0, "num_skipped_updates": 2}]
+    fork = [{"loss": 1.0, "step": 1, "loss_scale": 4096.0, "num_skipped_updates": 1}]
+    assert repro.with_probe_fields(fork) == (fork, False)
+
+
+def _result(rows_a, rows_b, status="ok", messages=(), error=None):
+    history_a = [{**row, "step": step} for step, row in rows_a.items()]
+    history_b = [{**row, "step": step} for step, row in rows_b.items()]
+    return {
+        "status": status,
+        "error": error,
+        "messages": list(messages),
+        "reference_rows": rows_a,
+        "candidate_rows": rows_b,
+        "comparison": repro.resume_diff.compare_histories(history_a, history_b),
+        "lr_advanced_on_skipped_updates": repro.resume_diff.lr_advanced_on_skipped_updates(rows_b),
+        "skipped_steps": [s for s in rows_b if repro.resume_diff.was_skipped(rows_b, s)],
+    }
+
+
+ROWS = {
+    1: {"learning_rate": 1e-5, "loss": 5.0, "grad_norm": 1.0, "loss_scale": 8192.0, "num_skipped_updates": 0},
+    2: {"learning_rate": 9e-6, "loss": 4.9, "grad_norm": 1.1, "loss_scale": 8192.0, "num_skipped_updates": 0},
+}
+
+
+def test_verdicts():
+    assert repro.verdict("exact_resume", _result(ROWS, ROWS)) == "identical (2 steps, bit-exact)"
+    crashed = _result(ROWS, {1: ROWS[1]}, status="crashed", error="AttributeError: boom")
+    assert repro.verdict("bf16_resume", crashed) == "crashes: AttributeError: boom"
+    reset = {1: ROWS[1], 2: {**ROWS[2], "grad_norm": float("inf"), "loss_scale": 32768.0, "num_skipped_updates": 1}}
+    line = repro.verdict("no_scaler_pt", _result(ROWS, reset))
+    assert line == "diverges at step 2 (grad_norm 1.1 -> inf; loss_scale_reset); says nothing about the loss scale"
+    warned = _result(ROWS, reset, messages=["WARNING: The checkpoint /x/y/checkpoint-1 has no saved loss scale"])
+    assert "says: WARNING: The checkpoint .../checkpoint-1 has no saved loss scale" in repro.verdict(
+        "no_scaler_pt", warned
+    )
+    assert repro.fork_behaves_as_fixed("no_scaler_pt", warned)
+    assert not repro.fork_behaves_as_fixed("no_scaler_pt", _result(ROWS, reset))
+
+
+def test_table_marks_the_first_divergence():
+    reset = {1: ROWS[1], 2: {**ROWS[2], "loss_scale": 32768.0}}
+    table = repro.format_table("no_scaler_pt", _result(ROWS, reset))
+    lines = table.splitlines()
+    assert "uninterrupted" in lines[0] and "resumed" in lines[0]
+    assert lines[2].rstrip().endswith("|")  # step 1: nothing differs
+    assert lines[3].endswith("| loss_scale  <- first divergence")
+    assert "32768" in lines[3]
+
+
+def test_end_to_end_stock_and_fork(tmp_path):
+    out = tmp_path / "repro"
+    command = [sys.executable, "utils/repro.py", "--steps", "6", "--resume-step", "3", "--out", str(out)]
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "=== verdicts" in completed.stdout
+    assert (out / "repro.png").stat().st_size > 10_000
+
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["settings"]["steps"] == 6 and report["settings"]["resume_step"] == 3
+    assert report["fork_as_expected"] is True
+    assert "build/stock/src" in report["variants"]["stock"]["transformers_file"]
+    assert "build/stock" not in report["variants"]["fork"]["transformers_file"]
+    scenarios = report["scenarios"]
+    assert list(scenarios) == ["exact_resume", "no_scaler_pt", "bf16_resume", "fused_skip"]
+    stock = {name: entry["variants"]["stock"] for name, entry in scenarios.items()}
+    fork = {name: entry["variants"]["fork"] for name, entry in scenarios.items()}
+
+    assert fork["exact_resume"]["comparison"]["identical"]
+    assert stock["exact_resume"]["comparison"]["identical"]  # stock 5.24 saves scaler.pt (#34932)
+
+    for result in (stock["no_scaler_pt"], fork["no_scaler_pt"]):
+        assert result["comparison"]["divergence"]["step"] == 4
+        assert result["comparison"]["divergence"]["cause"] == "loss_scale_reset"
+    assert stock["no_scaler_pt"]["loss_scale_observed_by_repro"]
+    assert stock["no_scaler_pt"]["messages"] == []
+    assert any("no saved loss scale" in message for message in fork["no_scaler_pt"]["messages"])
+
+    assert stock["bf16_resume"]["status"] == "crashed"
+    assert stock["bf16_resume"]["verdict"].startswith("crashes: AttributeError")
+    assert fork["bf16_resume"]["status"] == "ok"
+    assert fork["bf16_resume"]["comparison"]["divergence"]["cause"] == "precision_changed"
+
+    assert stock["fused_skip"]["lr_advanced_on_skipped_updates"]
+    assert stock["fused_skip"]["comparison"]["divergence"]["cause"] == "lr_advanced_on_skipped_update"
+    assert fork["fused_skip"]["skipped_steps"] and not fork["fused_skip"]["lr_advanced_on_skipped_updates"]
+    assert fork["fused_skip"]["comparison"]["identical"]

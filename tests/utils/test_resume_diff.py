@@ -1,0 +1,218 @@
+"""Tests for utils/resume_diff.py on synthetic trainer_state.json files."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("workbench_resume_diff", REPO_ROOT / "utils" / "resume_diff.py")
+resume_diff = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(resume_diff)
+
+LRS = [1e-5, 9.5e-6, 8.2e-6, 6.3e-6, 4.1e-6, 2.0e-6]
+
+
+def make_history(steps=6, loss_scale=8192.0, skipped=0, changes=None):
+    """A fork-style log history: one entry per step (`changes` overrides fields per step), then the summary."""
+    history = []
+    for step in range(1, steps + 1):
+        entry = {
+            "loss": 5.0 - step / 10,
+            "grad_norm": 1.0 + step / 100,
+            "learning_rate": LRS[step - 1],
+            "epoch": step / 12,
+            "step": step,
+        }
+        if loss_scale is not None:
+            entry.update(loss_scale=loss_scale, num_skipped_updates=skipped)
+        entry.update((changes or {}).get(step, {}))
+        history.append(entry)
+    history.append(
+        {
+            "train_runtime": 1.5,
+            "train_samples_per_second": 10.0,
+            "train_steps_per_second": 2.0,
+            "train_loss": 4.7,
+            "total_flos": 123.0,
+            "epoch": steps / 12,
+            "step": steps,
+        }
+    )
+    return history
+
+
+def write_state(path: Path, history) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"global_step": 6, "log_history": history}), encoding="utf-8")
+    return path
+
+
+def compare(history_a, history_b, **kwargs):
+    return resume_diff.compare_histories(history_a, history_b, **kwargs)
+
+
+def test_identical(tmp_path, capsys):
+    a = write_state(tmp_path / "a" / "trainer_state.json", make_history())
+    b = write_state(tmp_path / "b" / "trainer_state.json", make_history())
+    assert resume_diff.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "identical" in out
+    assert "compared 6 logged steps" in out
+
+
+def test_timing_fields_and_summary_are_ignored():
+    history_b = make_history()
+    history_b[-1].update(train_runtime=99.0, train_samples_per_second=1.0, train_loss=3.3, total_flos=1.0)
+    history_b[2]["train_steps_per_second"] = 7.0  # a timing field inside a step entry
+    history_a = make_history()
+    history_a.insert(3, {"eval_loss": 4.0, "eval_runtime": 0.1, "eval_samples_per_second": 5.0, "step": 3})
+    history_b.insert(3, {"eval_loss": 4.0, "eval_runtime": 0.9, "eval_samples_per_second": 1.0, "step": 3})
+    result = compare(history_a, history_b)
+    assert result["identical"], result["divergence"]
+    assert "eval_loss" in result["fields_compared"]
+    assert not any(name.endswith(("_runtime", "_per_second")) for name in result["fields_compared"])
+
+
+def test_diverged_loss_is_data_or_rng(tmp_path, capsys):
+    a = write_state(tmp_path / "a.json", make_history())
+    b = write_state(tmp_path / "b.json", make_history(changes={4: {"loss": 9.0}, 5: {"loss": 9.5}}))
+    assert resume_diff.main([str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence at step 4:" in out
+    assert "loss: A=4.6  B=9.0" in out
+    assert "data_or_rng" in out
+
+
+def test_fields_listed_in_causal_order():
+    history_b = make_history(changes={3: {"loss": 1.0, "grad_norm": 7.0, "epoch": 9.0}})
+    divergence = compare(make_history(), history_b)["divergence"]
+    assert [d["field"] for d in divergence["fields"]] == ["loss", "grad_norm", "epoch"]
+
+
+def test_loss_scale_reset():
+    resumed = make_history(changes={4: {"loss_scale": 32768.0, "num_skipped_updates": 1, "grad_norm": math.nan}})
+    divergence = compare(make_history(), resumed)["divergence"]
+    assert divergence["step"] == 4
+    assert divergence["fields"][0] == {"field": "grad_norm", "a": 1.04, "b": resumed[3]["grad_norm"]}
+    assert divergence["cause"] == "loss_scale_reset"
+    assert "8192 to 32768" in divergence["explanation"]
+
+
+def test_loss_scale_reset_without_logged_loss_scale():
+    """Stock Trainers log no loss_scale: an overflow in one run only points to the reset."""
+    resumed = make_history(loss_scale=None, changes={4: {"grad_norm": math.inf}})
+    divergence = compare(make_history(loss_scale=None), resumed)["divergence"]
+    assert divergence["cause"] == "loss_scale_reset"
+    assert "B's gradients overflowed at step 4" in divergence["explanation"]
+
+
+def test_lr_advanced_on_skipped_update():
+    skipped = {2: {"grad_norm": math.inf, "num_skipped_updates": 1}}
+    held = make_history(changes={**skipped, 3: {"learning_rate": LRS[1]}})  # the LR waits for a real update
+    for step in range(3, 7):
+        held[step - 1]["num_skipped_updates"] = 1
+        held[step - 1]["learning_rate"] = LRS[step - 2]
+    advanced = make_history(changes=skipped)
+    for step in range(3, 7):
+        advanced[step - 1]["num_skipped_updates"] = 1
+    assert resume_diff.lr_advanced_on_skipped_updates(resume_diff.step_rows(held)) == []
+    assert resume_diff.lr_advanced_on_skipped_updates(resume_diff.step_rows(advanced)) == [2]
+    divergence = compare(held, advanced)["divergence"]
+    assert divergence["step"] == 3
+    assert divergence["fields"][0]["field"] == "learning_rate"
+    assert divergence["cause"] == "lr_advanced_on_skipped_update"
+    assert "in B, the update of step 2 was skipped" in divergence["explanation"]
+
+
+def test_skipped_update_detected_from_grad_norm_without_counter():
+    rows = resume_diff.step_rows(make_history(loss_scale=None, changes={2: {"grad_norm": math.nan}}))
+    assert [step for step in rows if resume_diff.was_skipped(rows, step)] == [2]
+    assert resume_diff.lr_advanced_on_skipped_updates(rows) == [2]
+
+
+def test_precision_changed():
+    bf16 = make_history()
+    for entry in bf16[3:6]:
+        del entry["loss_scale"], entry["num_skipped_updates"]
+        entry["loss"] += 0.01
+    divergence = compare(make_history(), bf16)["divergence"]
+    assert divergence["step"] == 4
+    assert {"field": "loss_scale", "a": 8192.0, "b": resume_diff.MISSING} in divergence["fields"]
+    assert divergence["cause"] == "precision_changed"
+
+
+def test_run_incomplete():
+    divergence = compare(make_history(), make_history(steps=3))["divergence"]
+    assert divergence["step"] == 4
+    assert divergence["cause"] == "run_incomplete"
+    assert "its last one is step 3" in divergence["explanation"]
+
+
+def test_unrecognized_cause():
+    divergence = compare(make_history(), make_history(changes={2: {"epoch": 0.5}}))["divergence"]
+    assert divergence["cause"] is None and divergence["explanation"] is None
+
+
+def test_rtol_and_nan():
+    history_a = make_history(changes={2: {"grad_norm": math.nan}})
+    history_b = make_history(changes={2: {"grad_norm": math.nan}, 3: {"loss": 4.7 * (1 + 1e-9)}})
+    assert not compare(history_a, history_b)["identical"]
+    assert compare(history_a, history_b, rtol=1e-6)["identical"]
+
+
+def test_run_directory_uses_latest_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    write_state(run / "checkpoint-9" / "trainer_state.json", make_history(steps=5))
+    write_state(run / "checkpoint-10" / "trainer_state.json", make_history())
+    (run / "checkpoint-11").mkdir()  # no trainer_state.json: not a usable checkpoint
+    history, source = resume_diff.load_log_history(str(run))
+    assert source == str(run / "checkpoint-10" / "trainer_state.json")
+    assert len(resume_diff.step_rows(history)) == 6
+    write_state(run / "trainer_state.json", make_history(steps=2))
+    assert resume_diff.load_log_history(str(run))[1] == str(run / "trainer_state.json")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file or directory"),
+        ("{not json", "invalid JSON"),
+        ('{"global_step": 3}', "no 'log_history' key"),
+        ('{"log_history": {"step": 1}}', "'log_history' must be a list of objects"),
+        ("[1, 2]", "no 'log_history' key"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content, expected):
+    good = write_state(tmp_path / "good.json", make_history())
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content, encoding="utf-8")
+    assert resume_diff.main([str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err
+    assert expected in err
+
+
+def test_directory_without_checkpoints(tmp_path, capsys):
+    empty = tmp_path / "empty_run"
+    (empty / "checkpoint-3").mkdir(parents=True)
+    good = write_state(tmp_path / "good.json", make_history())
+    assert resume_diff.main([str(empty), str(good)]) == 2
+    err = capsys.readouterr().err
+    assert str(empty) in err
+    assert "no trainer_state.json and no checkpoint-N/trainer_state.json" in err
+
+
+def test_json_output(tmp_path, capsys):
+    a = write_state(tmp_path / "a.json", make_history())
+    b = write_state(tmp_path / "b.json", make_history(changes={5: {"grad_norm": math.inf}}))
+    assert resume_diff.main([str(a), str(b), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)  # strict JSON: inf is a string
+    assert report["a"] == str(a) and report["identical"] is False
+    assert report["divergence"]["step"] == 5
+    assert report["divergence"]["fields"] == [{"field": "grad_norm", "a": 1.05, "b": "inf"}]
+    assert report["divergence"]["cause"] == "loss_scale_reset"
