@@ -30,6 +30,7 @@ import torch
 from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.testing_isolation import run_test_in_fresh_process
 from transformers.testing_utils import (
     CaptureLogger,
     LoggingLevel,
@@ -178,6 +179,7 @@ class TrainerResumeFp16ParityTest(TestCasePlus):
             for resume_point in RESUME_STEPS
         ]
     )
+    @run_test_in_fresh_process
     def test_resume_matches_uninterrupted_run(self, optim, gradient_accumulation_steps, resume_point):
         output_dir = self.get_auto_remove_tmp_dir()
         uninterrupted = get_fp16_trainer(output_dir, optim, gradient_accumulation_steps)
@@ -193,6 +195,7 @@ class TrainerResumeFp16ParityTest(TestCasePlus):
 
         assert_same_training(resumed, uninterrupted)
 
+    @run_test_in_fresh_process
     def test_parity_check_fails_without_scaler_restore(self):
         # Sensitivity: with the scaler restore removed, the same comparison catches the divergence of #34053.
         output_dir = self.get_auto_remove_tmp_dir()
@@ -205,6 +208,7 @@ class TrainerResumeFp16ParityTest(TestCasePlus):
             assert_same_training(resumed, uninterrupted)
 
     @require_torch_accelerator
+    @run_test_in_fresh_process
     def test_resume_matches_uninterrupted_run_on_accelerator(self):
         # Real fp16 with the scaler Accelerate builds for the device.
         output_dir = self.get_auto_remove_tmp_dir()
@@ -217,6 +221,7 @@ class TrainerResumeFp16ParityTest(TestCasePlus):
 
 class TrainerSkippedUpdatesTest(TestCasePlus):
     @parameterized.expand([(1,), (2,)])
+    @run_test_in_fresh_process
     def test_fused_and_unfused_optimizers_skip_the_same_updates(self, gradient_accumulation_steps):
         runs = {}
         for optim in ("adamw_torch", "adamw_torch_fused"):
