@@ -5,6 +5,7 @@
 #   make check     the series applies to the pinned sdist, is exported, and every patch is described
 #   make pr        dist/: a `git am` series for the pristine sdist + PR_DESCRIPTION.md
 #   make quality   ruff (check + format --check) with upstream's settings
+#   make repro     the #34053 scenarios offline, stock 5.24.0 next to the fork: tables, build/repro/report.json, repro.png
 # Extra options for `utils/fork.py build` go in FORK_ARGS, e.g. `make fork FORK_ARGS=-3` or `FORK_ARGS=--force`.
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ PYTEST_ARGS ?= -n auto
 OWN_PY := utils tests/utils
 OVERLAY_PY := $(wildcard src tests/trainer)
 
-.PHONY: fork deps test patches check pr quality
+.PHONY: fork deps test patches check pr quality repro
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,9 @@ fork: deps
 
 test: fork
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
+
+repro: fork
+	$(VPY) utils/repro.py
 
 patches: | $(VPY)
 	$(VPY) $(FORK) export
