@@ -325,13 +325,26 @@ def _redirect_output(path):
     os.close(fd)
 
 
+def _check_preloaded(names):
+    """Fails unless the modules were imported by the server: the forkserver ignores preload errors silently."""
+    import importlib
+
+    missing = [name for name in names if name not in sys.modules]
+    if not missing:
+        return
+    try:
+        for name in missing:
+            importlib.import_module(name)
+    except ImportError as error:
+        raise RuntimeError(f"The forkserver could not preload {missing}.") from error
+    raise RuntimeError(
+        f"The forkserver did not preload {missing}: other code of this process started it before "
+        "`run_test_in_fresh_process` did."
+    )
+
+
 def _run_test(request):
-    missing = [name for name in request["preloaded"] if name not in sys.modules]
-    if missing:
-        raise RuntimeError(
-            f"The forkserver did not preload {missing}: it failed to import them, or it was started before "
-            "`run_test_in_fresh_process` by other code of this process."
-        )
+    _check_preloaded(request["preloaded"])
     os.environ.clear()
     os.environ.update(request["environ"])
     modules = [_import_module(name, path) for name, path in request["modules"]]

@@ -37,6 +37,7 @@ from parameterized import parameterized
 
 from transformers.testing_isolation import (
     FreshProcessTestFailure,
+    _check_preloaded,
     isolated_environ,
     run_test_in_fresh_process,
 )
@@ -322,6 +323,11 @@ class OutcomeTest(TestCasePlus):
         while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertFalse([pid for pid in pids if _is_running(pid)])
+
+    def test_preload_errors_are_reported(self):
+        with self.assertRaisesRegex(RuntimeError, "could not preload") as context:
+            _check_preloaded(["torch", "transformers_module_that_does_not_exist"])
+        self.assertIsInstance(context.exception.__cause__, ModuleNotFoundError)
 
     def test_local_function_is_refused(self):
         def local_test():
