@@ -64,7 +64,8 @@ How it works:
 Limitations: the test body cannot use objects that live only in the parent (pytest fixtures such as `caplog`,
 `capsys` or `monkeypatch`, mocks passed by an outer `mock.patch` decorator): arguments must be picklable, and state the
 body changes is not seen by the parent. `setUp` and `setUpClass` run twice, once in the parent and once in the child.
-Where the platform has no forkserver (Windows), children are spawned instead, which re-imports torch for every test.
+Where the platform has no forkserver, children are spawned instead, which re-imports torch for every test. Process
+groups, signals and timeouts are POSIX features; only Linux is tested.
 """
 
 import contextlib
@@ -160,11 +161,13 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
 def _make_request(func, args, kwargs, seed):
     """Describes the test so that the child can find it: by module and attribute names, not by pickling it."""
     testcase = args[0] if args and isinstance(args[0], unittest.TestCase) else None
-    if testcase is not None:
-        owner, names, args = type(testcase), [testcase._testMethodName, func.__name__], args[1:]
-    else:
-        owner, names = sys.modules[func.__module__], [func.__qualname__]
-    attribute = next((name for name in names if _find_body(owner, name) is func), None)
+    if testcase is None:
+        module, scope, candidates = sys.modules[func.__module__], None, [func.__qualname__]
+    else:  # `_testMethodName` is the name `parameterized.expand` generated, `__name__` the one in the class body
+        module, scope, candidates = sys.modules[type(testcase).__module__], type(testcase), [testcase._testMethodName]
+        candidates.append(func.__name__)
+        args = args[1:]
+    attribute = next((name for name in candidates if _find_body(scope or module, name) is func), None)
     if attribute is None:
         raise TypeError(
             f"`run_test_in_fresh_process` cannot find {func.__qualname__} again in a new process: decorate a "
@@ -174,19 +177,15 @@ def _make_request(func, args, kwargs, seed):
     if _PER_TEST_VARIABLE in os.environ:
         environ[_PER_TEST_VARIABLE] = os.environ[_PER_TEST_VARIABLE]
     return {
-        "modules": [_module_location(owner.__module__ if testcase is not None else owner.__name__)],
-        "owner": owner.__qualname__ if testcase is not None else None,
-        "method": testcase._testMethodName if testcase is not None else None,
+        "module": (module.__name__, getattr(module, "__file__", None)),
+        "testcase_class": scope.__qualname__ if scope is not None else None,
+        "test_method": testcase._testMethodName if testcase is not None else None,
         "attribute": attribute,
         "arguments": pickle.dumps((args, kwargs)),
         "environ": environ,
         "seed": seed,
         "preloaded": PRELOADED_MODULES if _get_context().get_start_method() == "forkserver" else (),
     }
-
-
-def _module_location(name):
-    return name, getattr(sys.modules[name], "__file__", None)
 
 
 def _find_body(owner, attribute):
@@ -262,7 +261,7 @@ def _kill_process_group(process):
     """Kills whatever is left of the child's process group (everything, on timeout); the child itself at least."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, AttributeError):  # no such group (yet), or no process groups (Windows)
         if process.exitcode is None:
             process.kill()
 
@@ -302,7 +301,8 @@ def _child_main(request):
     """Entry point of the child: runs the test and writes its outcome, as `(outcome, message)`, to the workdir."""
     global _in_fresh_process
     _in_fresh_process = True
-    os.setpgrp()
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
     _redirect_output(os.path.join(request["workdir"], _OUTPUT_FILE))
     try:
         result = _run_test(request)
@@ -347,7 +347,7 @@ def _run_test(request):
     _check_preloaded(request["preloaded"])
     os.environ.clear()
     os.environ.update(request["environ"])
-    modules = [_import_module(name, path) for name, path in request["modules"]]
+    module = _import_module(*request["module"])
     args, kwargs = pickle.loads(request["arguments"])
 
     from transformers.trainer_utils import enable_full_determinism
@@ -355,14 +355,14 @@ def _run_test(request):
     enable_full_determinism(request["seed"])
     os.environ.update(ISOLATION_ENV)
 
-    if request["owner"] is None:
-        _find_body(modules[0], request["attribute"])(*args, **kwargs)
+    if request["testcase_class"] is None:
+        _find_body(module, request["attribute"])(*args, **kwargs)
         return "passed", ""
-    testcase_class = functools.reduce(getattr, request["owner"].split("."), modules[0])
+    testcase_class = functools.reduce(getattr, request["testcase_class"].split("."), module)
     body = _find_body(testcase_class, request["attribute"])
-    testcase = testcase_class(request["method"])
+    testcase = testcase_class(request["test_method"])
     # `unittest` runs the instance (fixtures, cleanups, subtests), with the body and the arguments of the parent.
-    setattr(testcase, request["method"], functools.partial(body, testcase, *args, **kwargs))
+    setattr(testcase, request["test_method"], functools.partial(body, testcase, *args, **kwargs))
     recorder = _OutcomeRecorder()
     unittest.TestSuite([testcase]).run(recorder)
     return recorder.result
