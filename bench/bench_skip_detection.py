@@ -1,0 +1,103 @@
+"""Per-step cost of detecting skipped fp16 updates (`LossScaleMonitor`) against the stock optimizer step.
+
+The stock step is what `Trainer` runs with fp16: `scaler.step(optimizer)` and `scaler.update()` (inside Accelerate's
+optimizer wrapper), then it reads `accelerator.optimizer_step_was_skipped`. The patched step adds
+`LossScaleMonitor.on_step_begin()` before and `LossScaleMonitor.step_was_skipped()` after. Both variants run in the
+same process, alternating step by step on the same model and gradients, so their ratio is comparable across machines.
+
+    .venv/bin/python bench/bench_skip_detection.py [--steps 300] [--repeats 7] [--device cpu|cuda] [--out FILE]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
+
+from transformers.trainer_loss_scale import LossScaleMonitor
+
+
+class _State:
+    num_skipped_updates = 0
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(device, optim_kwargs, steps, overflow_every):
+    """Runs `steps` optimizer steps, alternating stock and patched, and returns their mean time per step (stock, patched)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).to(device)
+    scaler = torch.amp.GradScaler(device.type)
+    optimizer = AcceleratedOptimizer(torch.optim.AdamW(model.parameters(), **optim_kwargs), scaler=scaler)
+    monitor, state = LossScaleMonitor(scaler), _State()
+    scaler.scale(model(torch.randn(8, 512, device=device)).sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    elapsed = [0.0, 0.0]
+    for step in range(steps):
+        with_monitor = step % 2
+        for p, g in zip(model.parameters(), grads):
+            p.grad.copy_(g)
+        if overflow_every and (step // 2) % overflow_every == 0:
+            model[0].weight.grad[0, 0] = float("inf")
+        _synchronize(device)
+        start = time.perf_counter()
+        if with_monitor:
+            monitor.on_step_begin()
+        optimizer.step()
+        skipped = optimizer.step_was_skipped
+        if with_monitor:
+            skipped = monitor.step_was_skipped(state, skipped)
+        _synchronize(device)
+        elapsed[with_monitor] += time.perf_counter() - start
+    return elapsed[0] / (steps // 2), elapsed[1] / (steps // 2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", help="also write the JSON report to this file")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    Accelerator(cpu=device.type == "cpu")  # the optimizer wrapper reads the accelerator state
+    results = []
+    for name, optim_kwargs in (("adamw_torch (foreach)", {"foreach": True}), ("adamw_torch_fused", {"fused": True})):
+        for overflow_every in (0, 10):
+            stock, patched = [], []
+            for _ in range(args.repeats):
+                stock_s, patched_s = time_steps(device, optim_kwargs, args.steps, overflow_every)
+                stock.append(stock_s)
+                patched.append(patched_s)
+            stock_s, patched_s = statistics.median(stock), statistics.median(patched)
+            results.append(
+                {
+                    "optimizer": name,
+                    "overflow_every": overflow_every or None,
+                    "stock_step_ms": round(stock_s * 1e3, 4),
+                    "patched_step_ms": round(patched_s * 1e3, 4),
+                    "added_us_per_step": round((patched_s - stock_s) * 1e6, 2),
+                    "ratio": round(patched_s / stock_s, 4),
+                }
+            )
+    report = {"device": str(device), "torch": torch.__version__, "steps": args.steps, "results": results}
+    print(f"{'optimizer':<24}{'overflow':>10}{'stock ms':>11}{'patched ms':>12}{'added us':>10}{'ratio':>8}")
+    for r in results:
+        overflow = f"1/{r['overflow_every']}" if r["overflow_every"] else "none"
+        print(
+            f"{r['optimizer']:<24}{overflow:>10}{r['stock_step_ms']:>11.3f}{r['patched_step_ms']:>12.3f}"
+            f"{r['added_us_per_step']:>10.1f}{r['ratio']:>8.3f}"
+        )
+    json.dump(report, sys.stdout if not args.out else open(args.out, "w", encoding="utf-8"), indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
