@@ -1,6 +1,6 @@
 # Workbench for our transformers fork. See utils/fork.py for what each step does.
 #   make fork      venv + pinned tools + build/transformers (pristine sdist + overlay + patches), editable install
-#   make test      make fork, then the whole test suite
+#   make test      make fork, check the patch series (like CI: stale or non-applying patches fail), then all tests
 #   make patches   export the fork's commits back into the overlay and patches/transformers/
 #   make check     the series applies to the pinned sdist, is exported, and every patch is described
 #   make pr        dist/: a `git am` series for the pristine sdist + PR_DESCRIPTION.md
@@ -17,7 +17,7 @@ FORK_ARGS ?=
 PYTEST_ARGS ?= -n auto
 
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
-OWN_PY := utils tests/utils
+OWN_PY := utils tests/utils bench
 OVERLAY_PY := $(wildcard src tests/trainer)
 
 .PHONY: fork deps test patches check pr quality repro
@@ -32,6 +32,7 @@ fork: deps
 	$(VPY) $(FORK) build $(FORK_ARGS)
 
 test: fork
+	$(VPY) $(FORK) check
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
 
 repro: fork
