@@ -55,10 +55,15 @@ def _scaler_state_problem(state) -> str | None:
     missing = [key for key in _SCALER_STATE_KEYS if key not in state]
     if missing:
         return f"it misses the key(s) {', '.join(repr(key) for key in missing)}"
-    for key in ("scale", "growth_factor", "backoff_factor"):
+    # The same bounds as the `GradScaler` constructor: a skipped update always lowers the scale.
+    for key, low, high, expected in (
+        ("scale", 0, math.inf, "a finite positive number"),
+        ("growth_factor", 1, math.inf, "a finite number > 1"),
+        ("backoff_factor", 0, 1, "a number > 0 and < 1"),
+    ):
         value = state[key]
-        if not _is_number(value) or not math.isfinite(value) or value <= 0:
-            return f"{key!r} is {value!r}, expected a finite positive number"
+        if not _is_number(value) or not low < value < high:
+            return f"{key!r} is {value!r}, expected {expected}"
     for key, minimum in (("growth_interval", 1), ("_growth_tracker", 0)):
         value = state[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -147,8 +152,9 @@ class LossScaleMonitor:
     """
     Tracks the optimizer updates skipped by a `GradScaler` because of overflowing gradients.
 
-    An update was skipped exactly when the scaler backed off its scale. This holds for every optimizer, including
-    fused ones (`adamw_torch_fused`) that receive the overflow flag and skip the update themselves, which
+    An update was skipped exactly when the scaler backed off its scale (`GradScaler` requires `backoff_factor < 1`
+    and `growth_factor > 1`, so the scale drops on a skip and never otherwise). This holds for every optimizer,
+    including fused ones (`adamw_torch_fused`) that receive the overflow flag and skip the update themselves, which
     `accelerator.optimizer_step_was_skipped` does not see.
 
     Args:

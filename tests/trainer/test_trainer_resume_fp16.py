@@ -390,10 +390,17 @@ class ReadScalerStateTest(TestCasePlus):
         [
             ("not_a_dict", lambda valid: list(valid.values()), "it holds a list, not a dict"),
             ("missing_keys", lambda valid: {"scale": 1.0}, "it misses the key(s) 'growth_factor'"),
-            ("infinite_scale", lambda valid: valid | {"scale": float("inf")}, "'scale' is inf, expected a finite"),
+            (
+                "infinite_scale",
+                lambda valid: valid | {"scale": float("inf")},
+                "'scale' is inf, expected a finite positive",
+            ),
             ("nan_scale", lambda valid: valid | {"scale": float("nan")}, "'scale' is nan"),
             ("zero_scale", lambda valid: valid | {"scale": 0.0}, "'scale' is 0.0"),
             ("negative_scale", lambda valid: valid | {"scale": -2.0}, "'scale' is -2.0"),
+            ("growth_factor_one", lambda valid: valid | {"growth_factor": 1.0}, "'growth_factor' is 1.0"),
+            ("backoff_factor_one", lambda valid: valid | {"backoff_factor": 1.0}, "expected a number > 0 and < 1"),
+            ("string_scale", lambda valid: valid | {"scale": "65536"}, "'scale' is '65536'"),
             ("float_interval", lambda valid: valid | {"growth_interval": 2.5}, "'growth_interval' is 2.5"),
             ("negative_tracker", lambda valid: valid | {"_growth_tracker": -1}, "expected an integer >= 0"),
         ]
