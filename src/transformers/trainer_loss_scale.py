@@ -62,6 +62,10 @@ def _scaler_state_problem(state) -> str | None:
         ("backoff_factor", 0, 1, "a number > 0 and < 1"),
     ):
         value = state[key]
+        if key == "scale" and value == 0:
+            return (
+                "'scale' is 0.0: the loss scale underflowed because the gradients overflowed for many updates in a row"
+            )
         if not _is_number(value) or not low < value < high:
             return f"{key!r} is {value!r}, expected {expected}"
     for key, minimum in (("growth_interval", 1), ("_growth_tracker", 0)):
@@ -91,13 +95,16 @@ def read_scaler_state(path: str) -> dict:
     check_torch_load_is_safe()
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # the file could not be read (permissions, I/O): nothing says it is invalid
     except pickle.UnpicklingError as error:
         problem = (
             f"the weights-only loader refused it ({_weights_only_refusal_reason(error)}): it is corrupt, or holds "
             "Python objects where only numbers are expected"
         )
     except Exception as error:
-        reason = re.split(r"\.\s", str(error).strip())[0] or "unexpected end of file"
+        reason = re.split(r"\.\s", str(error).strip())[0]
+        reason = reason or ("unexpected end of file" if isinstance(error, EOFError) else "no details given")
         problem = f"it is not a readable torch file, it may be truncated or corrupt ({type(error).__name__}: {reason})"
     else:
         # A disabled `GradScaler` saves an empty state, which is valid: there is no loss scale to restore.
@@ -152,10 +159,12 @@ class LossScaleMonitor:
     """
     Tracks the optimizer updates skipped by a `GradScaler` because of overflowing gradients.
 
-    An update was skipped exactly when the scaler backed off its scale (`GradScaler` requires `backoff_factor < 1`
-    and `growth_factor > 1`, so the scale drops on a skip and never otherwise). This holds for every optimizer,
-    including fused ones (`adamw_torch_fused`) that receive the overflow flag and skip the update themselves, which
-    `accelerator.optimizer_step_was_skipped` does not see.
+    `GradScaler.update()` resets its growth tracker to 0 and multiplies the scale by `backoff_factor` (< 1) after a
+    skipped update; after an applied one, it counts the tracker up, or resets it to 0 and multiplies the scale by
+    `growth_factor` (> 1). So an update was skipped exactly when the tracker is 0 and the scale did not grow. This holds
+    for every optimizer, including fused ones (`adamw_torch_fused`) that receive the overflow flag and skip the update
+    themselves, which `accelerator.optimizer_step_was_skipped` does not see, and still holds once the scale has
+    underflowed to 0.
 
     Args:
         scaler (`torch.amp.GradScaler`, *optional*):
@@ -167,19 +176,19 @@ class LossScaleMonitor:
         self.consecutive_skipped_updates = 0
         self._scale_before_step = None
 
-    def on_step_begin(self) -> None:
+    def before_optimizer_step(self) -> None:
         """Records the loss scale before the optimizer step, on device, without synchronizing."""
         if self.scaler is not None and self.scaler._scale is not None:
             self._scale_before_step = self.scaler._scale.detach().clone()
 
-    def step_was_skipped(self, state, accelerator_step_was_skipped: bool) -> bool:
+    def optimizer_step_was_skipped(self, state, accelerator_step_was_skipped: bool) -> bool:
         """
         Returns whether the optimizer step that just ran skipped its update, and counts it in
-        `state.num_skipped_updates`.
+        `state.num_skipped_updates`. Reads the scaler only when the accelerator did not already report the skip.
         """
         skipped = accelerator_step_was_skipped
         if not skipped and self._scale_before_step is not None:
-            skipped = bool(self.scaler._scale < self._scale_before_step)
+            skipped = bool((self.scaler._growth_tracker == 0) & (self.scaler._scale <= self._scale_before_step))
         self._scale_before_step = None
         if not skipped:
             self.consecutive_skipped_updates = 0

@@ -16,10 +16,12 @@ Exact resume of fp16 mixed precision training (#34053).
 
 On CPU, Accelerate builds no `GradScaler` and `fp16=True` silently trains in fp32, so these tests put a
 `torch.amp.GradScaler("cpu")` on the Trainer's accelerator and turn on autocast: the forward really runs in fp16 and the
-loss scale really moves. On an accelerator the same tests run with the scaler Accelerate builds.
+loss scale really moves. On an accelerator the same tests run in real fp16, with a `GradScaler` for that device set up
+the same way (a low initial scale and a short growth interval, so that a few steps exercise backoff and growth).
 """
 
 import hashlib
+import json
 import os
 import shutil
 import unittest
@@ -257,15 +259,26 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
         saved = trainer.state.load_from_json(os.path.join(output_dir, "checkpoint-5", "trainer_state.json"))
         self.assertEqual(saved.num_skipped_updates, 2)
 
-    def test_warning_on_consecutive_skipped_updates(self):
-        trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), overflow_steps=range(1, 12), save_strategy="no")
+    @parameterized.expand(
+        [
+            ("one_streak_of_11", range(1, 12), MAX_STEPS, [(10, 2.0**0)]),
+            ("one_streak_of_21", range(1, 22), 22, [(10, 2.0**0), (20, 2.0**-10)]),
+            ("two_streaks_of_9", [*range(1, 10), *range(11, 20)], 22, []),
+        ]
+    )
+    def test_warning_on_consecutive_skipped_updates(self, _, overflow_steps, max_steps, expected_warnings):
+        trainer = get_fp16_trainer(
+            self.get_auto_remove_tmp_dir(), overflow_steps=overflow_steps, max_steps=max_steps, save_strategy="no"
+        )
         with CaptureLogger(logging.get_logger("transformers.trainer_loss_scale")) as cl:
             trainer.train()
-        self.assertEqual(cl.out.count("optimizer updates were all skipped"), 1)
-        self.assertIn(
-            f"The last 10 optimizer updates were all skipped because the gradients overflowed (loss scale now {2.0**0})",
-            cl.out,
-        )
+        self.assertEqual(cl.out.count("optimizer updates were all skipped"), len(expected_warnings))
+        for count, scale in expected_warnings:
+            self.assertIn(
+                f"The last {count} optimizer updates were all skipped because the gradients overflowed (loss scale "
+                f"now {scale})",
+                cl.out,
+            )
 
     @parameterized.expand([("bf16",), ("fp32",)])
     def test_runs_without_scaler_log_as_before(self, precision):
@@ -291,16 +304,28 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         with LoggingLevel(logging.INFO), CaptureLogger(logging.get_logger("transformers.trainer_loss_scale")) as cl:
             trainer.train(resume_from_checkpoint=self.checkpoint)
         self.assertEqual(trainer.state.global_step, 6)
-        self.assertIn(f"Not restoring the loss scale saved in {os.path.join(self.checkpoint, 'scaler.pt')}", cl.out)
+        message = f"Not restoring the loss scale saved in {os.path.join(self.checkpoint, 'scaler.pt')}"
+        self.assertEqual(cl.out.count(message), 1)
 
-    def test_resume_checkpoint_without_scaler_file(self):
-        os.remove(os.path.join(self.checkpoint, "scaler.pt"))
+    @parameterized.expand([("deleted",), ("saved_by_disabled_scaler",), ("bf16_checkpoint",)])
+    def test_resume_checkpoint_without_loss_scale(self, case):
+        if case == "deleted":
+            os.remove(os.path.join(self.checkpoint, "scaler.pt"))
+        elif case == "saved_by_disabled_scaler":
+            torch.save(
+                torch.amp.GradScaler("cpu", enabled=False).state_dict(), os.path.join(self.checkpoint, "scaler.pt")
+            )
+        else:
+            self.output_dir = self.get_auto_remove_tmp_dir()
+            get_fp16_trainer(self.output_dir, precision="bf16", max_steps=6).train()
+            self.checkpoint = os.path.join(self.output_dir, "checkpoint-5")
+            self.assertFalse(os.path.exists(os.path.join(self.checkpoint, "scaler.pt")))
         digest = directory_digest(self.checkpoint)
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
         with CaptureLogger(logging.get_logger("transformers.trainer_loss_scale")) as cl:
             trainer.train(resume_from_checkpoint=self.checkpoint)
         self.assertEqual(trainer.state.global_step, 6)
-        self.assertIn(f"The checkpoint {self.checkpoint} has no saved loss scale", cl.out)
+        self.assertEqual(cl.out.count(f"The checkpoint {self.checkpoint} has no saved loss scale"), 1)
         self.assertIn(f"restarts at its initial value {2.0**10}", cl.out)
         self.assertIn("may be skipped while the scale recalibrates", cl.out)
         self.assertEqual(directory_digest(self.checkpoint), digest)
@@ -330,17 +355,41 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         trainer.train(resume_from_checkpoint=self.checkpoint)
         self.assertEqual(restored, [saved])
 
-    def test_resume_save_only_model_and_missing_optimizer_files(self):
+    def test_resume_save_only_model_checkpoint(self):
         output_dir = self.get_auto_remove_tmp_dir()
-        trainer = get_fp16_trainer(output_dir, max_steps=3, save_only_model=True)
-        trainer.train()
-        self.assertFalse(os.path.exists(os.path.join(get_last_checkpoint(output_dir), "scaler.pt")))
-        # A checkpoint that kept its loss scale but lost its optimizer and scheduler files still resumes.
+        get_fp16_trainer(output_dir, max_steps=3, save_only_model=True).train()
+        checkpoint = get_last_checkpoint(output_dir)
+        self.assertEqual(sorted(f for f in os.listdir(checkpoint) if f.endswith(".pt")), [])
+        trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
+        with CaptureLogger(logging.get_logger("transformers.trainer_loss_scale")) as cl:
+            trainer.train(resume_from_checkpoint=checkpoint)
+        self.assertEqual(trainer.state.global_step, 6)
+        self.assertIn(f"The checkpoint {checkpoint} has no saved loss scale", cl.out)
+
+    def test_resume_checkpoint_without_optimizer_files(self):
+        # A checkpoint that kept its loss scale but lost its optimizer and scheduler files still resumes, and the
+        # loss scale is restored.
         for name in ("optimizer.pt", "scheduler.pt"):
             os.remove(os.path.join(self.checkpoint, name))
+        saved = torch.load(os.path.join(self.checkpoint, "scaler.pt"), weights_only=True)
+        trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
+        restored = []
+        trainer.add_callback(OnTrainBegin(lambda: restored.append(trainer.accelerator.scaler.state_dict())))
+        trainer.train(resume_from_checkpoint=self.checkpoint)
+        self.assertEqual(restored, [saved])
+        self.assertEqual(trainer.state.global_step, 6)
+
+    def test_resume_trainer_state_without_skipped_update_count(self):
+        # `trainer_state.json` written before `num_skipped_updates` existed: counting starts from the resume.
+        state_file = os.path.join(self.checkpoint, "trainer_state.json")
+        with open(state_file, encoding="utf-8") as f:
+            state = json.load(f)
+        del state["num_skipped_updates"]
+        with open(state_file, "w", encoding="utf-8") as f:
+            json.dump(state, f)
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
         trainer.train(resume_from_checkpoint=self.checkpoint)
-        self.assertEqual(trainer.state.global_step, 6)
+        self.assertEqual(trainer.state.num_skipped_updates, sum(step == 6 for step in OVERFLOW_STEPS))
 
 
 class _CodeInPickle:
@@ -396,7 +445,7 @@ class ReadScalerStateTest(TestCasePlus):
                 "'scale' is inf, expected a finite positive",
             ),
             ("nan_scale", lambda valid: valid | {"scale": float("nan")}, "'scale' is nan"),
-            ("zero_scale", lambda valid: valid | {"scale": 0.0}, "'scale' is 0.0"),
+            ("zero_scale", lambda valid: valid | {"scale": 0.0}, "'scale' is 0.0: the loss scale underflowed"),
             ("negative_scale", lambda valid: valid | {"scale": -2.0}, "'scale' is -2.0"),
             ("growth_factor_one", lambda valid: valid | {"growth_factor": 1.0}, "'growth_factor' is 1.0"),
             ("backoff_factor_one", lambda valid: valid | {"backoff_factor": 1.0}, "expected a number > 0 and < 1"),
@@ -416,6 +465,12 @@ class ReadScalerStateTest(TestCasePlus):
             "the weights-only loader refused it (Unsupported global: GLOBAL shutil.copy was not an allowed global by default)"
         )
         self.assertFalse(os.path.exists(marker))
+
+    def test_read_errors_are_not_reported_as_invalid_files(self):
+        self.save(self.valid)
+        with mock.patch("torch.load", side_effect=PermissionError(13, "Permission denied")):
+            with self.assertRaises(PermissionError):
+                read_scaler_state(self.path)
 
     def test_disabled_scaler_state_is_not_an_error(self):
         self.save(torch.amp.GradScaler("cpu", enabled=False).state_dict())
@@ -446,20 +501,38 @@ class LossScaleMonitorTest(unittest.TestCase):
             scaler.scale(model(torch.ones(1, 2)).sum()).backward()
             if overflow:
                 model.weight.grad[0, 0] = float("inf")
-            monitor.on_step_begin()
+            monitor.before_optimizer_step()
             scaler.step(optimizer)
             scaler.update()
-            self.assertEqual(monitor.step_was_skipped(state, accelerator_step_was_skipped=False), overflow)
+            self.assertEqual(monitor.optimizer_step_was_skipped(state, accelerator_step_was_skipped=False), overflow)
             optimizer.zero_grad()
         self.assertEqual(state.num_skipped_updates, 2)
         self.assertEqual(monitor.log_values(state), {"loss_scale": 2.0**14, "num_skipped_updates": 2})
+
+    def test_detects_skip_after_scale_underflow(self):
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        scaler = torch.amp.GradScaler("cpu")
+        monitor = LossScaleMonitor(scaler)
+        state = mock.Mock(num_skipped_updates=0)
+        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+        scaler._scale.fill_(0.0)  # what hundreds of overflows in a row leave behind
+        for overflow in (True, False):
+            if overflow:
+                model.weight.grad[0, 0] = float("inf")
+            monitor.before_optimizer_step()
+            scaler.step(optimizer)
+            scaler.update()
+            self.assertEqual(scaler.get_scale(), 0.0)
+            self.assertEqual(monitor.optimizer_step_was_skipped(state, accelerator_step_was_skipped=False), overflow)
+            model.weight.grad.zero_()
 
     def test_without_scaler_counts_skips_reported_by_the_accelerator(self):
         # DeepSpeed keeps its own loss scaler and reports its skips through the accelerator.
         monitor = LossScaleMonitor(None)
         state = mock.Mock(num_skipped_updates=0)
-        monitor.on_step_begin()
-        self.assertTrue(monitor.step_was_skipped(state, accelerator_step_was_skipped=True))
-        self.assertFalse(monitor.step_was_skipped(state, accelerator_step_was_skipped=False))
+        monitor.before_optimizer_step()
+        self.assertTrue(monitor.optimizer_step_was_skipped(state, accelerator_step_was_skipped=True))
+        self.assertFalse(monitor.optimizer_step_was_skipped(state, accelerator_step_was_skipped=False))
         self.assertEqual(state.num_skipped_updates, 1)
         self.assertEqual(monitor.log_values(state), {})
