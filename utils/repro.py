@@ -375,25 +375,34 @@ def run_worker(variant: str, options) -> dict:
 # Driver: starts the workers, compares their runs, prints tables and verdicts, writes report.json and repro.png.
 
 
+def fail(message: str):
+    """Exits with status 2 (usage or setup error), printing `message` without a traceback."""
+    print(f"repro: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def ensure_stock_src(stock_src: str) -> None:
     """Extracts the pristine sources (tag `upstream-base` of the fork) into `stock_src` when missing."""
     if os.path.isfile(os.path.join(stock_src, "transformers", "__init__.py")):
         return
     if os.path.normpath(stock_src) != os.path.normpath(os.path.join(REPO_ROOT, DEFAULT_STOCK_SRC)):
-        raise SystemExit(f"repro: error: --stock-src {stock_src} has no transformers/__init__.py")
+        fail(f"--stock-src {stock_src} has no transformers/__init__.py")
     print(f"extracting stock transformers ({STOCK_TAG} of {FORK_DIR}) into {stock_src} ...", flush=True)
     target = os.path.dirname(stock_src)
     partial = target + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    archive = subprocess.run(["git", "-C", FORK_DIR, "archive", STOCK_TAG, "src"], capture_output=True, check=False)
-    if archive.returncode != 0:
-        raise SystemExit(
-            f"repro: error: cannot extract {STOCK_TAG} from {FORK_DIR}: {archive.stderr.decode().strip()}"
-        )
-    subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, check=True)
-    shutil.rmtree(target, ignore_errors=True)
-    os.rename(partial, target)
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        archive = subprocess.run(["git", "-C", FORK_DIR, "archive", STOCK_TAG, "src"], capture_output=True)
+        if archive.returncode != 0:
+            fail(f"cannot extract {STOCK_TAG} from {FORK_DIR}: {archive.stderr.decode(errors='replace').strip()}")
+        untar = subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, capture_output=True)
+        if untar.returncode != 0:
+            fail(f"cannot unpack {STOCK_TAG} into {partial}: {untar.stderr.decode(errors='replace').strip()}")
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(partial, target)
+    except OSError as error:
+        fail(f"cannot extract {STOCK_TAG} from {FORK_DIR} into {target}: {error}")
 
 
 def _worker_command(variant: str, options) -> list[str]:
@@ -427,25 +436,37 @@ def _worker_env(variant: str, options) -> dict:
 
 
 def run_workers(options) -> dict:
-    """Runs one worker process per variant, in parallel. Returns `{variant: worker results}`."""
+    """
+    Runs one worker process per variant, in parallel. Returns `{variant: worker results}`. When one fails (or on any
+    exception, Ctrl-C included), the others are killed: no worker outlives this call.
+    """
     processes = {}
-    for variant in options.variants:
-        processes[variant] = subprocess.Popen(
-            _worker_command(variant, options), env=_worker_env(variant, options), cwd=REPO_ROOT
-        )
-    results = {}
-    for variant, process in processes.items():
-        returncode = process.wait()
-        path = os.path.join(options.out, variant, "worker.json")
-        if returncode != 0 or not os.path.isfile(path):
-            raise SystemExit(f"repro: error: the {variant} worker failed (exit status {returncode})")
-        with open(path, encoding="utf-8") as f:
-            results[variant] = json.load(f)
-        expected_stock = variant == "stock"
-        is_stock = os.path.abspath(results[variant]["transformers_file"]).startswith(options.stock_src + os.sep)
-        if expected_stock != is_stock:
-            raise SystemExit(f"repro: error: the {variant} worker imported {results[variant]['transformers_file']}")
-    return results
+    try:
+        for variant in options.variants:
+            processes[variant] = subprocess.Popen(
+                _worker_command(variant, options), env=_worker_env(variant, options), cwd=REPO_ROOT
+            )
+        results = {}
+        for variant, process in processes.items():
+            returncode = process.wait()
+            path = os.path.join(options.out, variant, "worker.json")
+            if returncode != 0 or not os.path.isfile(path):
+                fail(f"the {variant} worker failed (exit status {returncode})")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    results[variant] = json.load(f)
+                transformers_file = results[variant]["transformers_file"]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                fail(f"the {variant} worker's results {path} cannot be read ({type(error).__name__}: {error})")
+            is_stock = os.path.abspath(transformers_file).startswith(options.stock_src + os.sep)
+            if (variant == "stock") != is_stock:
+                fail(f"the {variant} worker imported {transformers_file}")
+        return results
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
@@ -746,23 +767,36 @@ def parse_args(argv=None):
     parser.add_argument("--stock-src", default=DEFAULT_STOCK_SRC, help=f"stock sources (default: {DEFAULT_STOCK_SRC})")
     parser.add_argument("--variants", default="stock,fork", help="comma-separated, default: stock,fork")
     parser.add_argument(
-        "--overflow-steps", default="9,10", help="steps with forced overflow in fused_skip (default: 9,10)"
+        "--overflow-steps",
+        help="comma-separated steps (1..--steps) with forced overflow in fused_skip (default: the two middle steps, "
+        "9,10 for 20 steps)",
     )
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     options.out = os.path.abspath(options.out)
     options.stock_src = os.path.abspath(options.stock_src)
     options.scenarios = list(dict.fromkeys(options.scenarios))
-    options.variants = [v.strip() for v in options.variants.split(",") if v.strip()]
+    options.variants = list(dict.fromkeys(v.strip() for v in options.variants.split(",") if v.strip()))
     if not options.variants or any(v not in VARIANTS for v in options.variants):
         parser.error(f"--variants: choose among {', '.join(VARIANTS)}")
-    try:
-        overflow_steps = [int(s) for s in options.overflow_steps.split(",") if s.strip()]
-    except ValueError:
-        parser.error("--overflow-steps: comma-separated step numbers expected")
-    options.overflow_steps = [s for s in overflow_steps if 1 <= s <= options.steps] or [max(1, options.steps // 2)]
+    if options.steps < 2:
+        parser.error(f"--steps must be at least 2 (a checkpoint to resume from, then more steps), got {options.steps}")
     if not 1 <= options.resume_step < options.steps:
         parser.error("--resume-step must be at least 1 and less than --steps")
+    if options.overflow_steps is None:
+        options.overflow_steps = sorted({max(1, options.steps // 2 - 1), options.steps // 2})
+    else:
+        try:
+            overflow_steps = sorted({int(s) for s in options.overflow_steps.split(",") if s.strip()})
+        except ValueError:
+            parser.error(f"--overflow-steps: comma-separated step numbers expected, got {options.overflow_steps!r}")
+        outside = [s for s in overflow_steps if not 1 <= s <= options.steps]
+        if not overflow_steps or outside:
+            parser.error(
+                f"--overflow-steps: steps between 1 and --steps ({options.steps}) expected, got "
+                f"{options.overflow_steps!r}"
+            )
+        options.overflow_steps = overflow_steps
     return options
 
 
@@ -774,7 +808,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     if "stock" in options.variants:
         ensure_stock_src(options.stock_src)
-    os.makedirs(options.out, exist_ok=True)
+    try:
+        os.makedirs(options.out, exist_ok=True)
+    except OSError as error:
+        fail(f"--out {options.out}: cannot create the output directory ({error})")
     print(
         f"repro #34053: {options.steps} steps, resume from checkpoint-{options.resume_step}, scenarios "
         f"{', '.join(options.scenarios)}; variants {', '.join(options.variants)} (one process each) ...",

@@ -31,7 +31,7 @@ likely causes:
   (data order or RNG state not restored), or the weights do;
 - `run_incomplete`: one run has no logs from that step on (it crashed or was stopped).
 
-Exit status: 0 identical, 1 diverged, 2 bad input (missing or invalid file).
+Exit status: 0 identical, 1 diverged, 2 bad input (missing, unreadable or malformed file, or no per-step log entry).
 """
 
 import argparse
@@ -74,8 +74,12 @@ def find_trainer_state(path: str) -> str:
     top_level = os.path.join(path, TRAINER_STATE_NAME)
     if os.path.isfile(top_level):
         return top_level
+    try:
+        names = os.listdir(path)
+    except OSError as error:
+        raise ResumeDiffError(f"{path}: directory cannot be listed ({error})") from None
     checkpoints = []
-    for name in os.listdir(path):
+    for name in names:
         match = re.fullmatch(r"checkpoint-(\d+)", name)
         if match and os.path.isfile(os.path.join(path, name, TRAINER_STATE_NAME)):
             checkpoints.append((int(match.group(1)), name))
@@ -90,22 +94,56 @@ def find_trainer_state(path: str) -> str:
 def load_log_history(path: str) -> tuple[list[dict], str]:
     """
     Reads the `log_history` of a run (see `find_trainer_state`). Returns it with the path of the file read.
-    Raises `ResumeDiffError` for a missing file, invalid JSON or a missing or malformed `log_history`.
+    Raises `ResumeDiffError` for a missing or unreadable file, invalid JSON, a missing or malformed `log_history`
+    (see `check_log_history`) or one without any per-step entry.
     """
     state_file = find_trainer_state(path)
     try:
         with open(state_file, encoding="utf-8") as f:
             state = json.load(f)
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, RecursionError) as error:
         raise ResumeDiffError(f"{state_file}: invalid JSON ({error})") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ResumeDiffError(f"{state_file}: cannot be read ({error})") from None
     if not isinstance(state, dict) or "log_history" not in state:
         raise ResumeDiffError(f"{state_file}: no 'log_history' key, this is not a Trainer state file")
     history = state["log_history"]
-    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
-        raise ResumeDiffError(f"{state_file}: 'log_history' must be a list of objects")
+    check_log_history(history, state_file)
+    if not step_rows(history):
+        raise ResumeDiffError(
+            f"{state_file}: 'log_history' has no per-step entry (it is empty or holds only the end-of-training "
+            "summary), nothing to compare"
+        )
     return history, state_file
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_log_history(history, source: str) -> None:
+    """
+    Checks the structure the comparison relies on: `history` is a list of objects, each `step` an integer and each
+    `num_skipped_updates` a number. Raises `ResumeDiffError` naming `source` and the entry's index otherwise.
+    """
+    if not isinstance(history, list):
+        raise ResumeDiffError(f"{source}: 'log_history' must be a list of objects")
+    for index, entry in enumerate(history):
+        if not isinstance(entry, dict):
+            raise ResumeDiffError(f"{source}: 'log_history' must be a list of objects (entry {index} is not)")
+        if "step" in entry and not _is_integer(entry["step"]):
+            raise ResumeDiffError(
+                f"{source}: log_history entry {index}: 'step' must be an integer, got {entry['step']!r}"
+            )
+        if "num_skipped_updates" in entry and not _is_number(entry["num_skipped_updates"]):
+            raise ResumeDiffError(
+                f"{source}: log_history entry {index}: 'num_skipped_updates' must be a number, "
+                f"got {entry['num_skipped_updates']!r}"
+            )
 
 
 def step_rows(log_history: list[dict]) -> dict[int, dict]:
@@ -249,10 +287,11 @@ def likely_cause(rows_a: dict[int, dict], rows_b: dict[int, dict], divergence: d
     fields = {difference["field"]: difference for difference in divergence["fields"]}
     if step not in rows_a or step not in rows_b:
         name, last = ("B", _previous_step(rows_b, step)) if step not in rows_b else ("A", _previous_step(rows_a, step))
+        last = f"its last one is step {last}" if last is not None else "nor any before it"
         return {
             "cause": "run_incomplete",
-            "explanation": f"{name} has no log entry for step {step} (its last one is step {last}): the run stopped "
-            "there (crashed or interrupted) or logs at other steps",
+            "explanation": f"{name} has no log entry for step {step} ({last}): the run stopped there (crashed or "
+            "interrupted) or logs at other steps",
         }
     explanation = _explain_loss_scale(rows_a, rows_b, step, fields)
     if explanation is None and "learning_rate" in fields:
@@ -335,6 +374,17 @@ def format_report(result: dict, source_a: str, source_b: str) -> str:
     return "\n".join(lines)
 
 
+def relative_tolerance(text: str) -> float:
+    """Parses `--rtol`: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Compare two Trainer runs step by step (log_history of trainer_state.json) and report the first "
@@ -343,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", help="run output directory, checkpoint directory or trainer_state.json (reference)")
     parser.add_argument("b", help="run output directory, checkpoint directory or trainer_state.json (e.g. resumed)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance for floats (default: bit-exact)")
+    parser.add_argument(
+        "--rtol", type=relative_tolerance, default=0.0, help="relative tolerance for floats (default: bit-exact)"
+    )
     args = parser.parse_args(argv)
     try:
         history_a, source_a = load_log_history(args.a)

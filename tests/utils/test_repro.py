@@ -2,9 +2,13 @@
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +123,75 @@ def test_end_to_end_stock_and_fork(tmp_path):
     assert stock["fused_skip"]["comparison"]["divergence"]["cause"] == "lr_advanced_on_skipped_update"
     assert fork["fused_skip"]["skipped_steps"] and not fork["fused_skip"]["lr_advanced_on_skipped_updates"]
     assert fork["fused_skip"]["comparison"]["identical"]
+
+
+def test_overflow_steps_default_to_the_middle_of_the_schedule():
+    assert repro.parse_args([]).overflow_steps == [9, 10]
+    assert repro.parse_args(["--steps", "6", "--resume-step", "3"]).overflow_steps == [2, 3]
+    assert repro.parse_args(["--steps", "2", "--resume-step", "1"]).overflow_steps == [1]
+    assert repro.parse_args(["--overflow-steps", " 12,3,12 "]).overflow_steps == [3, 12]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--overflow-steps", "21"], "--overflow-steps: steps between 1 and --steps (20) expected, got '21'"),
+        (["--overflow-steps", "0,5"], "--overflow-steps: steps between 1 and --steps (20) expected, got '0,5'"),
+        (["--overflow-steps", ","], "--overflow-steps: steps between 1 and --steps (20) expected, got ','"),
+        (["--overflow-steps", "a,b"], "--overflow-steps: comma-separated step numbers expected, got 'a,b'"),
+        (["--steps", "1"], "--steps must be at least 2"),
+        (["--steps", "5", "--resume-step", "5"], "--resume-step must be at least 1 and less than --steps"),
+        (["--variants", "stock,beta"], "--variants: choose among stock, fork"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        repro.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_duplicate_variants_run_once():
+    assert repro.parse_args(["--variants", "fork, fork,stock"]).variants == ["fork", "stock"]
+
+
+def test_out_that_cannot_be_created_is_a_setup_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        repro.main(["--variants", "fork", "--out", str(blocker / "repro")])
+    assert exit_info.value.code == 2
+    assert f"repro: error: --out {blocker / 'repro'}: cannot create the output directory" in capsys.readouterr().err
+
+
+def test_missing_stock_src_is_a_setup_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        repro.main(["--stock-src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert "has no transformers/__init__.py" in capsys.readouterr().err
+
+
+def test_a_failed_worker_stops_the_others(tmp_path, monkeypatch, capsys):
+    """The first worker fails at once while the second would run for a minute: it must be killed, not left running."""
+    commands = {
+        "stock": [sys.executable, "-c", "raise SystemExit(3)"],
+        "fork": [sys.executable, "-c", "import time; time.sleep(60)"],
+    }
+    started = []
+
+    class RecordingPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(repro, "_worker_command", lambda variant, options: commands[variant])
+    monkeypatch.setattr(repro.subprocess, "Popen", RecordingPopen)
+    options = repro.parse_args(["--out", str(tmp_path), "--stock-src", str(tmp_path / "stock")])
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        repro.run_workers(options)
+    assert exit_info.value.code == 2
+    assert "the stock worker failed (exit status 3)" in capsys.readouterr().err
+    assert len(started) == 2
+    assert [process.returncode for process in started] == [3, -signal.SIGKILL]  # reaped, nothing left running
+    assert time.monotonic() - start < 30

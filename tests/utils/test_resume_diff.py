@@ -216,3 +216,107 @@ def test_json_output(tmp_path, capsys):
     assert report["divergence"]["step"] == 5
     assert report["divergence"]["fields"] == [{"field": "grad_norm", "a": 1.05, "b": "inf"}]
     assert report["divergence"]["cause"] == "loss_scale_reset"
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"loss": 1.0, "step": "x"}, "log_history entry 1: 'step' must be an integer, got 'x'"),
+        ({"loss": 1.0, "step": None}, "log_history entry 1: 'step' must be an integer, got None"),
+        ({"loss": 1.0, "step": 2.5}, "log_history entry 1: 'step' must be an integer, got 2.5"),
+        ({"loss": 1.0, "step": True}, "log_history entry 1: 'step' must be an integer, got True"),
+        (
+            {"loss": 1.0, "step": 2, "num_skipped_updates": "1"},
+            "log_history entry 1: 'num_skipped_updates' must be a number, got '1'",
+        ),
+        (3, "'log_history' must be a list of objects (entry 1 is not)"),
+    ],
+)
+def test_malformed_entry_exits_2_naming_the_file_and_entry(tmp_path, capsys, entry, expected):
+    history = make_history()
+    history[1] = entry
+    good = write_state(tmp_path / "good.json", make_history())
+    bad = write_state(tmp_path / "bad.json", history)
+    assert resume_diff.main([str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"{bad}: {expected}" in err
+
+
+@pytest.mark.parametrize(
+    "history", [[], [{"train_runtime": 1.0, "train_loss": 4.0, "step": 6}], [{"loss": 1.0}]], ids=str
+)
+def test_history_without_step_entries_is_bad_input(tmp_path, capsys, history):
+    good = write_state(tmp_path / "good.json", make_history())
+    bad = write_state(tmp_path / "bad.json", history)
+    assert resume_diff.main([str(bad), str(good)]) == 2
+    assert f"{bad}: 'log_history' has no per-step entry" in capsys.readouterr().err
+
+
+def test_deeply_nested_json_is_bad_input(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert resume_diff.main([str(bad), str(bad)]) == 2
+    assert f"{bad}: invalid JSON" in capsys.readouterr().err
+
+
+def test_unreadable_file_and_directory(tmp_path, capsys, monkeypatch):
+    """Permission errors, simulated (chmod does not stop root)."""
+    good = write_state(tmp_path / "good.json", make_history())
+    unreadable = write_state(tmp_path / "unreadable.json", make_history())
+    closed = tmp_path / "closed_run"
+    write_state(closed / "checkpoint-2" / "trainer_state.json", make_history())
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(resume_diff, "open", denied, raising=False)
+    assert resume_diff.main([str(unreadable), str(good)]) == 2
+    assert f"{unreadable}: cannot be read ([Errno 13] Permission denied" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setattr(resume_diff.os, "listdir", denied)
+    assert resume_diff.main([str(good), str(closed)]) == 2
+    assert f"{closed}: directory cannot be listed ([Errno 13] Permission denied" in capsys.readouterr().err
+
+
+def test_checkpoint_dirs_with_non_numeric_suffix_are_not_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_state(run / "checkpoint-latest" / "trainer_state.json", make_history())
+    write_state(run / "checkpoint-1x" / "trainer_state.json", make_history())
+    good = write_state(tmp_path / "good.json", make_history())
+    assert resume_diff.main([str(good), str(run)]) == 2
+    assert "no trainer_state.json and no checkpoint-N/trainer_state.json" in capsys.readouterr().err
+    write_state(run / "checkpoint-4" / "trainer_state.json", make_history(steps=4))
+    assert resume_diff.load_log_history(str(run))[1] == str(run / "checkpoint-4" / "trainer_state.json")
+
+
+def test_checkpoint_dir_without_trainer_state(tmp_path, capsys):
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "scaler.pt").write_bytes(b"")
+    good = write_state(tmp_path / "good.json", make_history())
+    assert resume_diff.main([str(checkpoint), str(good)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint}: directory has no trainer_state.json" in err
+
+
+@pytest.mark.parametrize("value", ["-0.1", "nan", "inf", "abc"])
+def test_rtol_must_be_finite_and_non_negative(tmp_path, capsys, value):
+    a = write_state(tmp_path / "a.json", make_history())
+    with pytest.raises(SystemExit) as exit_info:
+        resume_diff.main([str(a), str(a), f"--rtol={value}"])
+    assert exit_info.value.code == 2
+    assert f"argument --rtol: must be a finite number >= 0, got '{value}'" in capsys.readouterr().err
+
+
+def test_rtol_zero_and_positive_are_accepted(tmp_path):
+    a = write_state(tmp_path / "a.json", make_history())
+    assert resume_diff.main([str(a), str(a), "--rtol", "0"]) == 0
+    assert resume_diff.main([str(a), str(a), "--rtol", "1e-6"]) == 0
+
+
+def test_run_incomplete_at_the_first_step():
+    later = [entry for entry in make_history() if entry["step"] >= 3]
+    divergence = compare(make_history(), later)["divergence"]
+    assert divergence["step"] == 1 and divergence["cause"] == "run_incomplete"
+    assert "B has no log entry for step 1 (nor any before it)" in divergence["explanation"]
