@@ -40,6 +40,8 @@ from pathlib import Path
 
 TOOL_VERSION = "1"
 BASE_REF = "upstream-base"
+# Marks the overlay commit `build` made, so that `export` knows which overlay files the fork changed
+OVERLAY_REF = "workbench-overlay"
 FORK_BRANCH = "main"
 STAMP_NAME = "workbench-stamp.json"
 DEPS_STAMP_NAME = ".workbench-deps.json"
@@ -482,6 +484,8 @@ def apply_series(project: Project, fork: Path, three_way: bool, env: dict | None
 class ExportPlan:
     overlay: dict[str, tuple[bytes, bool]]
     patches: list[tuple[str, bytes]]
+    # The overlay the fork was built with (at OVERLAY_REF), or None when HEAD does not descend from it
+    built_overlay: dict[str, tuple[bytes, bool]] | None
 
     @property
     def series_text(self) -> bytes:
@@ -518,13 +522,18 @@ def plan_export(project: Project, fork: Path) -> ExportPlan:
         raise ForkError(f"{fork} has merge commits after '{BASE_REF}'; rebase to a linear history first")
     roots = project.overlay_roots
     base = ls_tree(fork, BASE_REF)
-    head = ls_tree(fork, "HEAD")
-    new = {rel: entry for rel, entry in head.items() if rel not in base and under_roots(rel, roots)}
-    for rel, (mode, _) in new.items():
-        if mode not in ("100644", "100755"):
-            raise ForkError(f"overlay file {rel} in {fork} is not a regular file (mode {mode})")
-    blobs = read_blobs(fork, sorted({sha for _, sha in new.values()}))
-    overlay = {rel: (blobs[sha], mode == "100755") for rel, (mode, sha) in sorted(new.items())}
+
+    def overlay_at(ref):
+        new = {rel: entry for rel, entry in ls_tree(fork, ref).items() if rel not in base and under_roots(rel, roots)}
+        for rel, (mode, _) in new.items():
+            if mode not in ("100644", "100755"):
+                raise ForkError(f"overlay file {rel} in {fork} is not a regular file (mode {mode})")
+        blobs = read_blobs(fork, sorted({sha for _, sha in new.values()}))
+        return {rel: (blobs[sha], mode == "100755") for rel, (mode, sha) in sorted(new.items())}
+
+    built = rev_parse(fork, OVERLAY_REF)
+    built_on_head = built and git(fork, "merge-base", "--is-ancestor", built, "HEAD", check=False).returncode == 0
+    built_overlay = overlay_at(built) if built_on_head else None
 
     touched = set()
     for commit in git_text(fork, "rev-list", "--reverse", f"{BASE_REF}..HEAD").split():
@@ -559,7 +568,7 @@ def plan_export(project: Project, fork: Path) -> ExportPlan:
         taken: set[str] = set()
         for chunk in split_patches(stream):
             patches.append((patch_file_name(patch_subject(chunk), taken), chunk))
-    return ExportPlan(overlay=overlay, patches=patches)
+    return ExportPlan(overlay=overlay_at("HEAD"), patches=patches, built_overlay=built_overlay)
 
 
 def split_patches(stream: bytes) -> list[bytes]:
@@ -570,13 +579,24 @@ def split_patches(stream: bytes) -> list[bytes]:
 
 
 def plan_changes(project: Project, plan: ExportPlan) -> list[tuple[str, Path, bytes | None, bool]]:
-    """Differences between the plan and the repository: ``(action, path, content, executable)`` tuples."""
+    """
+    Differences between the plan and the repository: ``(action, path, content, executable)`` tuples.
+
+    An overlay file is a three-way decision against the overlay the fork was built with: a file the fork left alone
+    keeps the repository's version (even if the repository changed it since), a file only the fork changed is
+    written or deleted, and a file both changed differently is a ``"conflict"``. When the fork's history no longer
+    holds the overlay it was built with, the fork's version wins.
+    """
     changes = []
     current = read_overlay(project)
-    for rel, (data, executable) in plan.overlay.items():
-        if current.get(rel) != (data, executable):
-            changes.append(("write", project.root / rel, data, executable))
-    changes += [("delete", project.root / rel, None, False) for rel in current if rel not in plan.overlay]
+    for rel in sorted(set(plan.overlay) | set(current)):
+        ours, theirs = current.get(rel), plan.overlay.get(rel)
+        built = plan.built_overlay.get(rel) if plan.built_overlay is not None else ours
+        if theirs == ours or theirs == built:
+            continue
+        action = "conflict" if ours != built else "write" if theirs is not None else "delete"
+        data, executable = theirs if theirs is not None else (None, False)
+        changes.append((action, project.root / rel, data, executable))
     wanted = dict(plan.patches)
     for name, data in plan.patches:
         path = project.patches_dir / name
@@ -768,6 +788,7 @@ def cmd_build(project: Project, args) -> int:
         finally:
             shutil.rmtree(staging.parent, ignore_errors=True)
     add_overlay(project, fork, overlay_message(project))
+    git(fork, "tag", "-f", OVERLAY_REF)
     try:
         apply_series(project, fork, args.three_way)
     except PatchConflict as err:
@@ -821,6 +842,18 @@ def cmd_export(project: Project, args) -> int:
         )
     plan = plan_export(project, fork)
     changes = plan_changes(project, plan)
+    conflicts = [project.rel(path) for action, path, _, _ in changes if action == "conflict"]
+    if conflicts and not args.force:
+        raise ForkError(
+            "these overlay files changed both in the repository (since the fork was built) and in the fork:\n  "
+            + "\n  ".join(conflicts)
+            + "\nBring the repository's changes into the fork and commit them there, then export; "
+            "or pass --force to take the fork's version."
+        )
+    changes = [  # with --force, a conflict takes the fork's version
+        (("write" if data is not None else "delete") if action == "conflict" else action, path, data, executable)
+        for action, path, data, executable in changes
+    ]
     stamp = read_stamp(fork)
     at_risk = unsaved_repo_files(project, [path for _, path, _, _ in changes], stamp.get("exported", {}))
     if at_risk and not args.force:

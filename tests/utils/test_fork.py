@@ -185,22 +185,39 @@ def test_export_removes_deleted_overlay_files_and_stale_patches(project):
     assert (project / "patches/transformers/.patches").read_bytes() == b""
 
 
-def test_export_never_loses_uncommitted_repository_files(project, capsys):
+def test_export_keeps_repository_changes_to_files_the_fork_left_alone(project):
     assert run(project, "build") == 0
     write(project / "src/transformers/loss_scale.py", "edited in the repo, not committed\n")
     write(project / "tests/trainer/test_new.py", "untracked, not in the fork\n")
-    commit_in_fork(project, "Fork work", {"src/transformers/trainer.py": "changed\n"})
-    assert run(project, "export") == 1
-    err = capsys.readouterr().err
-    assert "src/transformers/loss_scale.py" in err and "tests/trainer/test_new.py" in err
-    assert list((project / "patches/transformers").glob("*.patch")) == []
+    commit_in_fork(project, "Fork work\n\nWhy: a test patch.", {"src/transformers/trainer.py": "changed\n"})
+    assert run(project, "export") == 0
+    loss_scale = project / "src/transformers/loss_scale.py"
+    assert loss_scale.read_text(encoding="utf-8") == "edited in the repo, not committed\n"
+    assert (project / "tests/trainer/test_new.py").read_text(encoding="utf-8") == "untracked, not in the fork\n"
+    assert len(list((project / "patches/transformers").glob("*.patch"))) == 1
 
+    # Committed in the repository after the build: the fork still holds the old version, which must not win.
     sh(project, "git", "add", "-A")
     sh(project, "git", *USER, "commit", "-q", "-m", "save the repo work")
-    assert run(project, "export") == 0  # committed in the repo: git has them, export may replace them
-    assert not (project / "tests/trainer/test_new.py").exists()
-    commit_in_fork(project, "More fork work", {"src/transformers/trainer.py": "changed again\n"})
-    assert run(project, "export") == 0  # files changed only by the previous export are not at risk
+    commit_in_fork(project, "More fork work\n\nWhy: a test patch.", {"src/transformers/trainer.py": "again\n"})
+    assert run(project, "export") == 0
+    assert loss_scale.read_text(encoding="utf-8") == "edited in the repo, not committed\n"
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_export_refuses_overlay_files_changed_on_both_sides(project, capsys, committed):
+    assert run(project, "build") == 0
+    loss_scale = project / "src/transformers/loss_scale.py"
+    write(loss_scale, "repository version\n")
+    if committed:
+        sh(project, "git", *USER, "commit", "-q", "-am", "repository edit")
+    commit_in_fork(project, "Fork edit", {"src/transformers/loss_scale.py": "fork version\n"})
+    assert run(project, "export") == 1
+    err = capsys.readouterr().err
+    assert "changed both in the repository" in err and "src/transformers/loss_scale.py" in err
+    assert loss_scale.read_text(encoding="utf-8") == "repository version\n"
+    assert run(project, "export", "--force") == 0
+    assert loss_scale.read_text(encoding="utf-8") == "fork version\n"
 
 
 def test_export_refuses_uncommitted_changes(project, capsys):
