@@ -49,23 +49,33 @@ How it works:
   [`isolated_environ`]: the environment captured by [`snapshot_environ`] plus [`ISOLATION_ENV`]
   (`CUBLAS_WORKSPACE_CONFIG=:4096:8` and `PYTHONHASHSEED=0`, which Python only reads at start-up).
 - Each test runs in a child forked from that server. The child puts itself in its own process group, resets
-  `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent), imports the test module,
-  calls [`~trainer_utils.enable_full_determinism`] with `seed` (which also exports a few variables, like
-  `CUDA_LAUNCH_BLOCKING`; the values of [`ISOLATION_ENV`] are kept) and runs the test: for a `unittest.TestCase`
-  method, a new instance of the class runs `setUpClass`, `setUp`, the test, `tearDown` and the cleanups, through
-  `unittest` itself; a plain function is simply called. Arguments (the parameters of `parameterized.expand`, pytest
-  fixtures values) are pickled from the parent.
+  `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR` of its own that
+  the parent removes afterwards, so that temporary files are removed even when the child dies before its `tearDown`),
+  imports the test module, calls [`~trainer_utils.enable_full_determinism`] with `seed` (which also exports a few
+  variables, like `CUDA_LAUNCH_BLOCKING`; the values of [`ISOLATION_ENV`] are kept) and runs the test: for a
+  `unittest.TestCase` method, a new instance of the class runs `setUpModule`, `setUpClass`, `setUp`, the test,
+  `tearDown`, the cleanups, `tearDownClass` and `tearDownModule`, through `unittest` itself; a plain function is simply
+  called. Arguments (the parameters of `parameterized.expand`, pytest fixtures values) are pickled from the parent.
 - The outcome is replayed in the parent: a pass passes, a failure raises [`FreshProcessTestFailure`] with the
   traceback of the child, a skip (`unittest.SkipTest`, `pytest.skip`) skips with the same reason, `pytest.xfail`
-  xfails. A child killed by a signal, or still running after `timeout` seconds, fails the test; on timeout, the
-  child's whole process group is killed. What the child wrote to its stdout and stderr (file descriptors 1 and 2) is
+  xfails. `unittest.expectedFailure` is applied once, by the parent's runner, to the outcome of the child: a failing
+  body is an expected failure, a passing one an unexpected success. A child killed by a signal, or still running after
+  `timeout` seconds, fails the test. What the child wrote to its stdout and stderr (file descriptors 1 and 2) is
   printed in the parent, where pytest captures it, and is added to the failure message.
+- Processes are cleaned up: on timeout, or when the parent is interrupted (a Ctrl-C does not reach the child's process
+  group), the parent kills the child's whole process group; a child that finishes kills its own process group, and
+  with it whatever the test left running; on Linux, the child (not what it started) is killed if the server dies,
+  which it does with the pytest process.
+
+Decorator order: `parameterized.expand` goes above this decorator, `mock.patch` below it (its mocks are made in the
+child). `unittest.skip`, `skipIf`, `skipUnless`, `expectedFailure` and pytest marks work on either side, and on the
+class: the parent's runner applies them, and a skipped test starts no child.
 
 Limitations: the test body cannot use objects that live only in the parent (pytest fixtures such as `caplog`,
 `capsys` or `monkeypatch`, mocks passed by an outer `mock.patch` decorator): arguments must be picklable, and state the
-body changes is not seen by the parent. `setUp` and `setUpClass` run twice, once in the parent and once in the child.
-Where the platform has no forkserver, children are spawned instead, which re-imports torch for every test. Process
-groups, signals and timeouts are POSIX features; only Linux is tested.
+body changes is not seen by the parent. Fixtures run twice, once in the parent and once in the child: `setUpModule`,
+`setUpClass` and `setUp`, and their tear-downs. Where the platform has no forkserver, children are spawned instead,
+which re-imports torch for every test. Process groups, signals and timeouts are POSIX features; only Linux is tested.
 """
 
 import contextlib
@@ -147,6 +157,8 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
     if func is None:
         return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed)
 
+    # `functools.wraps` also copies `func.__dict__`: the markers of decorators placed below this one (`unittest.skip`,
+    # `unittest.expectedFailure`, pytest marks) reach the runner of the parent, which applies them.
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if _in_fresh_process:
@@ -238,15 +250,22 @@ def _run_in_child(request, timeout):
     reported none.
     """
     with tempfile.TemporaryDirectory(prefix="fresh_process_") as workdir:
-        request = {**request, "workdir": workdir}
+        # The child's temporary files go to the workdir, removed even when the child dies before its `tearDown`.
+        tmpdir = os.path.join(workdir, "tmp")
+        os.mkdir(tmpdir)
+        request = {**request, "workdir": workdir, "environ": {**request["environ"], "TMPDIR": tmpdir}}
         open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
         process = _get_context().Process(target=_child_main, args=(request,), name="fresh_process_test")
         with _launch_environ():
             process.start()
-        process.join(timeout)
-        timed_out = process.exitcode is None
-        _kill_process_group(process)
-        process.join()
+        try:
+            process.join(timeout)
+            timed_out = process.exitcode is None
+        finally:
+            # Timed out, or the parent was interrupted: a Ctrl-C does not reach the child, in its own process group.
+            if process.exitcode is None:
+                _kill_process_group(process)
+            process.join()
         with open(os.path.join(workdir, _OUTPUT_FILE), encoding="utf-8", errors="replace") as f:
             output = f.read()
         result_path = os.path.join(workdir, _RESULT_FILE)
@@ -258,12 +277,14 @@ def _run_in_child(request, timeout):
 
 
 def _kill_process_group(process):
-    """Kills whatever is left of the child's process group (everything, on timeout); the child itself at least."""
+    """
+    Kills the child's process group, or the child alone if it has none yet. Only while the child runs: once it has
+    exited and been reaped (by the forkserver), its pid, the id of its group, may be given to an unrelated process.
+    """
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, AttributeError):  # no such group (yet), or no process groups (Windows)
-        if process.exitcode is None:
-            process.kill()
+        process.kill()
 
 
 def _replay(run, name, timeout):
@@ -303,6 +324,7 @@ def _child_main(request):
     _in_fresh_process = True
     if hasattr(os, "setpgrp"):
         os.setpgrp()
+    _die_with_parent()
     _redirect_output(os.path.join(request["workdir"], _OUTPUT_FILE))
     try:
         result = _run_test(request)
@@ -314,6 +336,32 @@ def _child_main(request):
     with open(result_path + ".tmp", "wb") as f:
         pickle.dump(result, f)
     os.replace(result_path + ".tmp", result_path)
+    # Kill what the test left running in the group, and this process with it. The parent cannot do it safely: once
+    # the child has exited, the id of its group may be reused.
+    if hasattr(os, "setpgrp") and os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _die_with_parent():
+    """
+    On Linux, asks the kernel to kill the child when its parent dies (best effort). The parent is the forkserver, which
+    exits when the pytest process that started it dies, even of a `SIGKILL`: when no process holds the write end of its
+    "alive" pipe any more. Every child gets a copy of it, which it does not need: closed, so that the child does not
+    keep the server, and so itself, running.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _redirect_output(path):
@@ -347,6 +395,7 @@ def _run_test(request):
     _check_preloaded(request["preloaded"])
     os.environ.clear()
     os.environ.update(request["environ"])
+    tempfile.tempdir = None  # read `TMPDIR` again
     module = _import_module(*request["module"])
     args, kwargs = pickle.loads(request["arguments"])
 
@@ -405,8 +454,10 @@ class _OutcomeRecorder(unittest.TestResult):
     def addSkip(self, test, reason):
         self._record(("skipped", reason))
 
-    def addUnexpectedSuccess(self, test):
-        self._record(("failed", "Unexpected success of a test marked `unittest.expectedFailure`."))
+    # `unittest.expectedFailure` is applied once, by the runner of the parent, to the outcome of the child: here an
+    # expected failure is a failure, and an unexpected success a pass.
+    def addExpectedFailure(self, test, err):
+        self._record(_describe(err[1]))
 
 
 def _describe(exception):

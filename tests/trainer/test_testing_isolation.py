@@ -16,9 +16,12 @@ Tests of `transformers.testing_isolation.run_test_in_fresh_process`.
 
 `PoisonGlobalStateTest` deliberately leaves process-global state poisoned for the tests that run after it in the same
 worker; the state is only restored when the module is done (`tearDownModule`). The isolated tests check that their
-fresh process sees none of it, whatever the order the tests run in.
+fresh process sees none of it, whatever the order the tests run in. Under `pytest -n`, `PoisonGlobalStateTest` may run
+on another worker than the isolated tests: the `*_right_after_poisoning` and `*_across_processes` tests poison their own
+process first, so that every worker checks isolation from a poisoned parent.
 """
 
+import json
 import os
 import random
 import re
@@ -26,6 +29,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import unittest
@@ -153,6 +157,9 @@ def _check_pristine_state(expected_environ):
     assert not torch.cuda.is_initialized()
 
     environ = dict(os.environ)
+    # Each child has its own temporary folder, removed by the parent (see `OutcomeTest.test_*_are_removed`).
+    assert environ.pop("TMPDIR") == tempfile.gettempdir() != expected_environ.get("TMPDIR")
+    expected_environ = {key: value for key, value in expected_environ.items() if key != "TMPDIR"}
     assert POISON_VARIABLE not in environ
     assert set(environ) - set(expected_environ) <= ADDED_IN_CHILD, set(environ) - set(expected_environ)
     assert {key: environ.get(key) for key in expected_environ} == expected_environ
@@ -205,6 +212,8 @@ class IsolatedStateTest(TestCasePlus):
         for name in first:
             self.assertTrue(torch.equal(first[name], second[name]), name)
 
+    # This test and the next poison the parent themselves: under `pytest -n`, `PoisonGlobalStateTest` may have run on
+    # another worker.
     def test_state_is_pristine_right_after_poisoning(self):
         _poison_everything()
         run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
@@ -260,20 +269,123 @@ def _aborts():
     os.abort()
 
 
-def _sleeps_with_a_grandchild(pid_file):
-    grandchild = subprocess.Popen(["sleep", "60"])
-    with open(pid_file, "w", encoding="utf-8") as f:
-        f.write(f"{os.getpid()} {grandchild.pid}")
-    time.sleep(60)
+def _write_record(record_file, pids, tmp_dir):
+    """Tells the parent which processes and temporary folder the child made; the file is complete once it exists."""
+    with open(record_file + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"pids": pids, "tmp_dir": tmp_dir}, f)
+    os.replace(record_file + ".tmp", record_file)
+
+
+def _leaves_a_grandchild_and_a_tmp_dir(record_file):
+    grandchild = subprocess.Popen(["sleep", "600"])
+    _write_record(record_file, [grandchild.pid], tempfile.mkdtemp())
+
+
+def _sleeps_with_a_grandchild(record_file):
+    grandchild = subprocess.Popen(["sleep", "600"])
+    _write_record(record_file, [os.getpid(), grandchild.pid], tempfile.mkdtemp())
+    time.sleep(600)
+
+
+def _proc_stat(pid):
+    """The fields of `/proc/<pid>/stat` after the command name: state, parent pid, ..."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        return f.read().rsplit(")", 1)[1].split()
 
 
 def _is_running(pid):
     """Whether `pid` is a live process (a zombie waiting for an init that does not reap counts as gone)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return _proc_stat(pid)[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# Run as a script by `test_child_dies_with_the_pytest_process`, standing for a pytest process.
+PARENT_SCRIPT = """
+import os
+import sys
+import time
+
+from transformers.testing_isolation import run_test_in_fresh_process
+
+
+def sleeps(record_file):
+    with open(record_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(record_file + ".tmp", record_file)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    run_test_in_fresh_process(sleeps)(sys.argv[1])
+"""
+
+
+class DecoratedBelowExamples(unittest.TestCase):
+    """Decorators placed below `run_test_in_fresh_process`; run by `DecoratorOrderTest`, not collected."""
+
+    __test__ = False
+
+    @run_test_in_fresh_process
+    @unittest.skip("reason of the skip below")
+    def test_skip(self):
+        raise AssertionError("a skipped test ran")
+
+    @run_test_in_fresh_process
+    @unittest.expectedFailure
+    def test_expected_failure(self):
+        self.assertEqual(1, 2)
+
+    @run_test_in_fresh_process
+    @unittest.expectedFailure
+    def test_unexpected_success(self):
+        pass
+
+
+@unittest.expectedFailure
+class ExpectedFailureClassExamples(unittest.TestCase):
+    """`unittest.expectedFailure` on the class: seen by the child too, still applied once; not collected."""
+
+    __test__ = False
+
+    @run_test_in_fresh_process
+    def test_expected_failure(self):
+        self.assertEqual(1, 2)
+
+    @run_test_in_fresh_process
+    def test_unexpected_success(self):
+        pass
+
+
+class DecoratorOrderTest(unittest.TestCase):
+    """The parent's runner applies `unittest.skip` and `unittest.expectedFailure` to the outcome of the child."""
+
+    @parameterized.expand(
+        [
+            ("skip_below", DecoratedBelowExamples, "test_skip", "skipped"),
+            ("expected_failure_below", DecoratedBelowExamples, "test_expected_failure", "expectedFailures"),
+            ("unexpected_success_below", DecoratedBelowExamples, "test_unexpected_success", "unexpectedSuccesses"),
+            ("expected_failure_class", ExpectedFailureClassExamples, "test_expected_failure", "expectedFailures"),
+            (
+                "unexpected_success_class",
+                ExpectedFailureClassExamples,
+                "test_unexpected_success",
+                "unexpectedSuccesses",
+            ),
+        ]
+    )
+    def test_outcome(self, _, testcase_class, test_method, expected_kind):
+        result = unittest.TestResult()
+        testcase_class(test_method).run(result)  # `TestCase.run`: no module or class fixtures in this process
+        kinds = ["errors", "failures", "skipped", "expectedFailures", "unexpectedSuccesses"]
+        outcomes = {kind: len(getattr(result, kind)) for kind in kinds}
+        self.assertEqual(outcomes, {**dict.fromkeys(kinds, 0), expected_kind: 1}, result.errors + result.failures)
+        if expected_kind == "skipped":
+            self.assertEqual(result.skipped[0][1], "reason of the skip below")
+        if expected_kind == "expectedFailures":  # the failure of the child
+            self.assertIn("FreshProcessTestFailure", result.expectedFailures[0][1])
+            self.assertIn("1 != 2", result.expectedFailures[0][1])
 
 
 class OutcomeTest(TestCasePlus):
@@ -309,20 +421,95 @@ class OutcomeTest(TestCasePlus):
             run_test_in_fresh_process(body)()
         self.assertLess(time.monotonic() - start, 10)
 
-    def test_timeout_kills_the_process_group(self):
-        run_test_in_fresh_process(_passes)()
-        pid_file = os.path.join(self.get_auto_remove_tmp_dir(), "pids")
-        start = time.monotonic()
-        with self.assertRaisesRegex(FreshProcessTestFailure, r"timed out after 1 s"):
-            run_test_in_fresh_process(timeout=1)(_sleeps_with_a_grandchild)(pid_file)
-        self.assertLess(time.monotonic() - start, 10)
-        with open(pid_file, encoding="utf-8") as f:
-            pids = [int(pid) for pid in f.read().split()]
-        self.assertEqual(len(pids), 2)
-        deadline = time.monotonic() + 5  # the kernel may take a moment to reap the orphaned grandchild
-        while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
+    def _assert_all_gone(self, record_file, expected_pids):
+        """The processes and the temporary folder the child recorded are gone."""
+        with open(record_file, encoding="utf-8") as f:
+            record = json.load(f)
+        self.assertEqual(len(record["pids"]), expected_pids)
+        deadline = time.monotonic() + 10  # the kernel may take a moment to reap the orphaned grandchild
+        while any(_is_running(pid) for pid in record["pids"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.assertFalse([pid for pid in pids if _is_running(pid)])
+        self.assertFalse([pid for pid in record["pids"] if _is_running(pid)])
+        self.assertFalse(os.path.exists(record["tmp_dir"]), record["tmp_dir"])
+
+    def test_timeout_kills_the_process_group(self):
+        run_test_in_fresh_process(_passes)()  # the server is up
+        record_file = os.path.join(self.get_auto_remove_tmp_dir(), "record.json")
+        # On a loaded machine the child may need seconds to import this module: if it timed out before it reached the
+        # body, try again with a longer timeout.
+        for timeout in (5, 20):
+            start = time.monotonic()
+            with self.assertRaisesRegex(FreshProcessTestFailure, f"timed out after {timeout} s"):
+                run_test_in_fresh_process(timeout=timeout)(_sleeps_with_a_grandchild)(record_file)
+            elapsed = time.monotonic() - start
+            if os.path.exists(record_file):
+                break
+        self.assertLess(elapsed, timeout + 10)  # the body sleeps for 600 s
+        self._assert_all_gone(record_file, expected_pids=2)
+
+    def test_interrupt_kills_the_process_group(self):
+        """A Ctrl-C reaches the parent only (the child has its own process group): the parent kills the child."""
+        record_file = os.path.join(self.get_auto_remove_tmp_dir(), "record.json")
+        interrupted = []
+
+        def interrupt_once_the_body_runs(signum, frame):
+            if os.path.exists(record_file) and not interrupted:
+                interrupted.append(True)
+                raise KeyboardInterrupt
+
+        previous_handler = signal.signal(signal.SIGALRM, interrupt_once_the_body_runs)
+        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+        start = time.monotonic()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                run_test_in_fresh_process(timeout=300)(_sleeps_with_a_grandchild)(record_file)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_handler)
+        self.assertLess(time.monotonic() - start, 120)
+        self._assert_all_gone(record_file, expected_pids=2)
+
+    def test_processes_and_temporary_files_left_by_a_passing_child_are_removed(self):
+        record_file = os.path.join(self.get_auto_remove_tmp_dir(), "record.json")
+        run_test_in_fresh_process(_leaves_a_grandchild_and_a_tmp_dir)(record_file)
+        self._assert_all_gone(record_file, expected_pids=1)
+
+    @run_test_in_fresh_process
+    def _makes_a_tmp_dir_and_crashes(self, record_file):
+        _write_record(record_file, [os.getpid()], self.get_auto_remove_tmp_dir())
+        os.kill(os.getpid(), signal.SIGKILL)  # `tearDown` never runs
+
+    def test_temporary_files_of_a_crashed_child_are_removed(self):
+        record_file = os.path.join(self.get_auto_remove_tmp_dir(), "record.json")
+        with self.assertRaisesRegex(FreshProcessTestFailure, "killed by signal SIGKILL"):
+            self._makes_a_tmp_dir_and_crashes(record_file)
+        self._assert_all_gone(record_file, expected_pids=1)
+
+    @unittest.skipUnless(sys.platform.startswith("linux"), "PR_SET_PDEATHSIG is Linux only")
+    def test_child_dies_with_the_pytest_process(self):
+        """A parent killed with `SIGKILL` (no `finally` runs) takes its server and child with it (~5 s)."""
+        tmp_dir = self.get_auto_remove_tmp_dir()
+        script, record_file = os.path.join(tmp_dir, "parent.py"), os.path.join(tmp_dir, "record")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent(PARENT_SCRIPT))
+        parent = subprocess.Popen([sys.executable, script, record_file], cwd=tmp_dir, env=isolated_environ())
+        try:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(record_file) and parent.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with open(record_file, encoding="utf-8") as f:
+                child = int(f.read())
+            server = int(_proc_stat(child)[1])
+        finally:
+            parent.kill()
+            parent.wait()
+        deadline = time.monotonic() + 30
+        while (_is_running(child) or _is_running(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left_running = [pid for pid in (child, server) if _is_running(pid)]
+        for pid in left_running:  # do not leave them behind when the test fails
+            os.kill(pid, signal.SIGKILL)
+        self.assertFalse(left_running, "the child or its server survived the parent")
 
     def test_preload_errors_are_reported(self):
         with self.assertRaisesRegex(RuntimeError, "could not preload") as context:
@@ -379,6 +566,16 @@ class ExampleTest(unittest.TestCase):
     @run_test_in_fresh_process
     def test_method_xfails(self):
         pytest.xfail("xfailed in the child")
+
+    @run_test_in_fresh_process
+    @unittest.skip("skipped below")
+    def test_method_skipped_below(self):
+        pass
+
+    @run_test_in_fresh_process
+    @unittest.expectedFailure
+    def test_method_expected_failure_below(self):
+        assert False
 """
 
 
@@ -388,7 +585,7 @@ class PytestReportTest(TestCasePlus):
         tmp_dir = self.get_auto_remove_tmp_dir()
         with open(os.path.join(tmp_dir, "test_example.py"), "w", encoding="utf-8") as f:
             f.write(textwrap.dedent(EXAMPLE_TESTS))
-        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly", tmp_dir]
+        command = [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly", tmp_dir]
         run = subprocess.run(command, cwd=tmp_dir, env=isolated_environ(), capture_output=True, text=True)
         outcomes = dict(re.findall(r"::(\S+) (PASSED|SKIPPED|XFAIL|FAILED)", run.stdout))
         expected = {
@@ -400,5 +597,8 @@ class PytestReportTest(TestCasePlus):
             "ExampleTest::test_method_1_two": "FAILED",
             "ExampleTest::test_method_skips": "SKIPPED",
             "ExampleTest::test_method_xfails": "XFAIL",
+            "ExampleTest::test_method_skipped_below": "SKIPPED",
+            "ExampleTest::test_method_expected_failure_below": "XFAIL",
         }
         self.assertEqual(outcomes, expected, run.stdout)
+        self.assertIn("skipped below", run.stdout)
