@@ -55,7 +55,7 @@ def _scaler_state_problem(state) -> str | None:
     missing = [key for key in _SCALER_STATE_KEYS if key not in state]
     if missing:
         return f"it misses the key(s) {', '.join(repr(key) for key in missing)}"
-    # The same bounds as the `GradScaler` constructor: a skipped update always lowers the scale.
+    # The bounds the `GradScaler` constructor enforces, plus a finite positive scale.
     for key, low, high, expected in (
         ("scale", 0, math.inf, "a finite positive number"),
         ("growth_factor", 1, math.inf, "a finite number > 1"),
