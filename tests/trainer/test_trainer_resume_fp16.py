@@ -95,6 +95,15 @@ class OnTrainBegin(TrainerCallback):
         self.function()
 
 
+def resume_and_get_scaler_state(trainer, checkpoint):
+    """Resumes `trainer` from `checkpoint`; returns the state of its scaler right after the checkpoint was loaded."""
+    restored = []
+    trainer.add_callback(OnTrainBegin(lambda: restored.append(trainer.accelerator.scaler.state_dict())))
+    trainer.train(resume_from_checkpoint=checkpoint)
+    (state,) = restored
+    return state
+
+
 def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_steps=1, precision="fp16", **kwargs):
     """A tiny GPT-2 Trainer that saves every step. `precision` is "fp16" (with a real loss scaler), "bf16" or "fp32"."""
     overflow_steps = kwargs.pop("overflow_steps", OVERFLOW_STEPS)
@@ -350,10 +359,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         }
         torch.save(saved, os.path.join(self.checkpoint, "scaler.pt"))
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
-        restored = []
-        trainer.add_callback(OnTrainBegin(lambda: restored.append(trainer.accelerator.scaler.state_dict())))
-        trainer.train(resume_from_checkpoint=self.checkpoint)
-        self.assertEqual(restored, [saved])
+        self.assertEqual(resume_and_get_scaler_state(trainer, self.checkpoint), saved)
 
     def test_resume_save_only_model_checkpoint(self):
         output_dir = self.get_auto_remove_tmp_dir()
@@ -373,10 +379,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
             os.remove(os.path.join(self.checkpoint, name))
         saved = torch.load(os.path.join(self.checkpoint, "scaler.pt"), weights_only=True)
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
-        restored = []
-        trainer.add_callback(OnTrainBegin(lambda: restored.append(trainer.accelerator.scaler.state_dict())))
-        trainer.train(resume_from_checkpoint=self.checkpoint)
-        self.assertEqual(restored, [saved])
+        self.assertEqual(resume_and_get_scaler_state(trainer, self.checkpoint), saved)
         self.assertEqual(trainer.state.global_step, 6)
 
     def test_resume_trainer_state_without_skipped_update_count(self):
