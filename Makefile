@@ -1,9 +1,11 @@
-# Workbench for our transformers fork. See utils/fork.py for what each step does.
-#   make fork      venv + pinned tools + build/transformers (pristine sdist + overlay + patches), editable install
-#   make test      make fork, check the patch series (like CI: stale or non-applying patches fail), then all tests
-#   make patches   export the fork's commits back into the overlay and patches/transformers/
-#   make check     the series applies to the pinned sdist, is exported, and every patch is described
-#   make pr        dist/: a `git am` series for the pristine sdist + PR_DESCRIPTION.md
+# Workbench for our transformers and accelerate forks and the PR stack. See utils/workbench/ for each step.
+#   make fork      venv + pinned tools + build/transformers and build/accelerate (pristine sdist + overlay + patches),
+#                  both installed editable
+#   make test      make fork, check the stack (each PR's level applies with git am, is exported, and its own tests
+#                  pass at its level; the top transformers level's tests run in the full run), then all tests
+#   make patches   export the forks' commits back into the overlays and patches/<upstream>/
+#   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
+#   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
 #   make quality   ruff (check + format --check) with upstream's settings
 #   make repro     the #34053 scenarios offline, stock 5.24.0 next to the fork: tables, build/repro/report.json, repro.png
 # Extra options for `utils/fork.py build` go in FORK_ARGS, e.g. `make fork FORK_ARGS=-3` or `FORK_ARGS=--force`.
@@ -32,7 +34,7 @@ fork: deps
 	$(VPY) $(FORK) build $(FORK_ARGS)
 
 test: fork
-	$(VPY) $(FORK) check
+	$(VPY) $(FORK) check --tests --skip-repo-tests-at-top --pytest-args "$(PYTEST_ARGS)"
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
 
 repro: fork
@@ -41,8 +43,8 @@ repro: fork
 patches: | $(VPY)
 	$(VPY) $(FORK) export
 
-check: | $(VPY)
-	$(VPY) $(FORK) check
+check: fork
+	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
 
 pr: | $(VPY)
 	$(VPY) $(FORK) pr --out dist

@@ -1,0 +1,295 @@
+"""The PR stack: ``patches/stack.json`` lists the PRs in review order (bottom first), each in one upstream.
+
+A PR owns overlay files and patches of its upstream. Its *level* is the pristine sdist plus the PRs below it in the
+same upstream plus itself: overlay files committed first, then its patches with ``git am``. ``check`` builds every
+level in a scratch repository (one per upstream, one tag ``level/<name>`` per PR) and runs each PR's own tests at its
+level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the editable fork, is imported.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .gitutil import ForkError, PatchConflict, git, ls_tree
+from .overlay import add_overlay, read_overlay, repo_path, under_roots
+from .project import Project, Upstream
+from .series import apply_patches, read_series
+from .sources import BASE_REF, create_pristine, obtain_sdist
+
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+LEVEL_TAG = "level/"
+
+
+@dataclass
+class PR:
+    name: str
+    upstream: str
+    title: str
+    position: int  # 1-based, in the whole stack
+    patches: list[str] = field(default_factory=list)
+    overlay: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    description: str = ""
+    depends_on: list[str] = field(default_factory=list)
+    overlay_message: str = ""
+
+    @property
+    def folder(self) -> str:
+        return f"{self.position:02d}-{self.name}"
+
+    def commit_message(self) -> str:
+        """Message of the commit that adds this PR's new files."""
+        return (self.overlay_message or f"{self.title}: new files").rstrip() + "\n"
+
+
+def load_stack(project: Project) -> list[PR]:
+    """The PRs of ``patches/stack.json`` in order; a malformed file is a clear error naming the entry."""
+    path = project.stack_path
+    where = project.rel(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForkError(f"stack file not found: {where} (it lists the PRs in review order)") from None
+    except json.JSONDecodeError as e:
+        raise ForkError(f"stack file {where} is not valid JSON: {e}") from None
+    if not isinstance(data, list):
+        raise ForkError(f"stack file {where} must hold a list of PRs (bottom first)")
+    prs = []
+    for i, entry in enumerate(data, 1):
+        label = f"{where}, entry {i}"
+        if not isinstance(entry, dict):
+            raise ForkError(f"{label} is not an object")
+        name = entry.get("name")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise ForkError(f"{label}: name {name!r} must be lower case letters, digits, '.', '_' or '-'")
+        label = f"{where}, PR {name}"
+        if entry.get("upstream") not in project.upstreams:
+            raise ForkError(
+                f"{label}: upstream {entry.get('upstream')!r} is not one of {', '.join(project.upstreams)} "
+                f"(upstreams in {project.rel(project.config_path)})"
+            )
+        lists = {}
+        for key in ("patches", "overlay", "tests", "depends_on"):
+            value = entry.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ForkError(f"{label}: {key} must be a list of strings")
+            lists[key] = value
+        unknown = set(entry) - {"name", "upstream", "title", "description", "overlay_message", *lists}
+        if unknown:
+            raise ForkError(f"{label}: unknown key(s) {', '.join(sorted(unknown))}")
+        prs.append(
+            PR(
+                name=name,
+                upstream=entry["upstream"],
+                title=str(entry.get("title") or name),
+                position=i,
+                description=str(entry.get("description") or ""),
+                overlay_message=str(entry.get("overlay_message") or ""),
+                **lists,
+            )
+        )
+    return prs
+
+
+def prs_of(prs: list[PR], upstream: Upstream) -> list[PR]:
+    return [pr for pr in prs if pr.upstream == upstream.name]
+
+
+def below(prs: list[PR], pr: PR) -> list[PR]:
+    """The PRs under ``pr`` in its own upstream (its level is the base plus these plus itself)."""
+    own = [p for p in prs if p.upstream == pr.upstream]
+    return own[: own.index(pr)]
+
+
+def level_label(upstream: Upstream, prs: list[PR], pr: PR) -> str:
+    lower = below(prs, pr)
+    return f"{upstream.label}" + "".join(f" + {p.name}" for p in lower) + f" + {pr.name}"
+
+
+def stack_problems(project: Project, prs: list[PR]) -> list[str]:
+    """Disagreements between the stack and the repository, each naming the PR and the file."""
+    problems = []
+    where = project.rel(project.stack_path)
+    names = [pr.name for pr in prs]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{where}: PR name {name} is used twice")
+    for i, pr in enumerate(prs):
+        for dep in pr.depends_on:
+            if dep not in names:
+                problems.append(f"{where}, PR {pr.name}: depends_on names {dep}, which is not in the stack")
+            elif names.index(dep) >= i:
+                problems.append(f"{where}, PR {pr.name}: depends on {dep}, which must come below it in the stack")
+        if not pr.tests:
+            problems.append(f"{where}, PR {pr.name}: lists no tests (its own tests run at its level)")
+        if not pr.description:
+            problems.append(f"{where}, PR {pr.name}: has no description file (docs/pr/{pr.name}.md)")
+        elif not (project.root / pr.description).is_file():
+            problems.append(f"{where}, PR {pr.name}: description {pr.description} does not exist")
+        if not pr.patches and not pr.overlay:
+            problems.append(f"{where}, PR {pr.name}: holds no patch and no overlay file")
+    for upstream in project.upstreams.values():
+        own = prs_of(prs, upstream)
+        series = read_series(upstream)
+        owner: dict[str, str] = {}
+        for pr in own:
+            for name in pr.patches:
+                path = project.rel(upstream.patches_dir / name)
+                if name in owner:
+                    problems.append(f"{where}, PR {pr.name}: patch {path} already belongs to PR {owner[name]}")
+                    continue
+                owner[name] = pr.name
+                if not (upstream.patches_dir / name).is_file():
+                    problems.append(f"{where}, PR {pr.name}: patch {path} does not exist")
+                elif name not in series:
+                    problems.append(
+                        f"{where}, PR {pr.name}: patch {path} is not listed in {project.rel(upstream.series_file)}"
+                    )
+        for name in series:
+            if name not in owner:
+                problems.append(
+                    f"{where}: patch {project.rel(upstream.patches_dir / name)} belongs to no PR (add it to one)"
+                )
+        stack_order = [name for pr in own for name in pr.patches if name in series]
+        if not problems and stack_order != series:
+            problems.append(
+                f"{project.rel(upstream.series_file)} orders the {upstream.name} patches differently from {where} "
+                "(the series is the stack's patches, PR by PR, bottom first):\n    "
+                + "\n    ".join(stack_order)
+            )
+        overlay = read_overlay(upstream)
+        claimed: dict[str, str] = {}
+        for pr in own:
+            for rel in pr.overlay:
+                shown = project.rel(repo_path(upstream, rel))
+                if rel in claimed:
+                    problems.append(f"{where}, PR {pr.name}: overlay file {shown} already belongs to PR {claimed[rel]}")
+                    continue
+                claimed[rel] = pr.name
+                if not under_roots(rel, upstream.overlay_roots):
+                    problems.append(
+                        f"{where}, PR {pr.name}: overlay file {rel} is outside the {upstream.name} overlay "
+                        f"({', '.join(upstream.overlay_roots)})"
+                    )
+                elif rel not in overlay:
+                    problems.append(f"{where}, PR {pr.name}: overlay file {shown} does not exist")
+        for rel in overlay:
+            if rel not in claimed:
+                problems.append(
+                    f"{where}: overlay file {project.rel(repo_path(upstream, rel))} belongs to no PR (add it to one)"
+                )
+    return problems
+
+
+class LevelConflict(ForkError):
+    """A PR's series does not apply at its level."""
+
+    def __init__(self, project: Project, upstream: Upstream, prs: list[PR], pr: PR, err: PatchConflict):
+        self.pr, self.conflict = pr, err
+        files = f" (failed: {', '.join(err.files)})" if err.files else ""
+        super().__init__(
+            f"PR {pr.name}: patch {project.rel(upstream.patches_dir / err.patch)} does not apply at its level, "
+            f"{level_label(upstream, prs, pr)}{files}\n  git said:\n    "
+            + "\n    ".join(err.output.splitlines()[-8:])
+            + "\n  Rebase it on the PRs below it: edit in the fork (`build -3`), export, and check the stack order."
+        )
+
+
+def build_levels(
+    project: Project, upstream: Upstream, prs: list[PR], dest: Path, env: dict | None = None, reset_author=False
+) -> Path:
+    """A scratch repository at ``dest``: the pristine sdist tagged ``upstream-base``, then each PR of ``upstream``
+    (its overlay files in one commit, then its patches), tagged ``level/<name>``. Raises LevelConflict."""
+    create_pristine(upstream, obtain_sdist(project, upstream), dest)
+    overlay = read_overlay(upstream)
+    for pr in prs_of(prs, upstream):
+        files = {rel: overlay[rel] for rel in pr.overlay if rel in overlay}
+        add_overlay(dest, files, pr.commit_message(), env=env)
+        try:
+            apply_patches(upstream, dest, pr.patches, env=env, reset_author=reset_author)
+        except PatchConflict as err:
+            raise LevelConflict(project, upstream, prs, pr, err) from None
+        git(dest, "tag", LEVEL_TAG + pr.name)
+    return dest
+
+
+def level_ref(prs: list[PR], pr: PR | None) -> str:
+    return BASE_REF if pr is None else LEVEL_TAG + pr.name
+
+
+GUARD_PLUGIN = textwrap.dedent(
+    '''\
+    """Loaded by the workbench into each level's pytest run: the package under test must be the level's copy."""
+    import importlib
+    import os
+    from pathlib import Path
+
+    import pytest
+
+
+    def pytest_configure(config):
+        package, src = os.environ["WORKBENCH_LEVEL_PACKAGE"], Path(os.environ["WORKBENCH_LEVEL_SRC"]).resolve()
+        module = importlib.import_module(package)
+        if not Path(module.__file__).resolve().is_relative_to(src):
+            raise pytest.UsageError(f"{package} was imported from {module.__file__}, not from the level at {src}")
+    '''
+)
+
+
+def run_level_tests(
+    project: Project,
+    upstream: Upstream,
+    repo: Path,
+    prs: list[PR],
+    pr: PR,
+    tests: list[str],
+    scratch: Path,
+    pytest_args: list[str],
+) -> str | None:
+    """Run ``tests`` (node ids relative to the upstream root) at ``pr``'s level; return a problem or None."""
+    checkout = scratch / f"level-{pr.name}"
+    git(repo, "worktree", "add", "-q", "--detach", str(checkout), level_ref(prs, pr))
+    guard = scratch / "guard"
+    guard.mkdir(exist_ok=True)
+    (guard / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
+    src = checkout / "src"
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(src), str(guard)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        WORKBENCH_LEVEL_PACKAGE=upstream.package,
+        WORKBENCH_LEVEL_SRC=str(src),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    python = project.venv / "bin" / "python"
+    cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", *pytest_args, *tests]
+    print(f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}): pytest {' '.join(tests)}", flush=True)
+    proc = subprocess.run(cmd, cwd=checkout, env=env, stdout=sys.stdout, stderr=sys.stderr)
+    git(repo, "worktree", "remove", "--force", str(checkout), check=False)
+    if proc.returncode == 0:
+        return None
+    what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
+    return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
+
+
+def doc_pages(upstream: Upstream, pr: PR) -> list[tuple[str, str]]:
+    """``(local, title)`` of the doc pages ``pr`` adds (``docs/source/en/**.md``), for ``_toctree.yml``."""
+    pages = []
+    for rel in pr.overlay:
+        if rel.startswith("docs/source/en/") and rel.endswith(".md"):
+            text = repo_path(upstream, rel).read_text(encoding="utf-8")
+            title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), Path(rel).stem)
+            pages.append((rel[len("docs/source/en/") : -len(".md")], title))
+    return pages
+
+
+def changed_files(repo: Path, start: str, end: str) -> tuple[list[str], list[str]]:
+    """Files ``start..end`` adds and files it modifies."""
+    base = ls_tree(repo, start)
+    changed = git(repo, "diff", "--name-only", "--no-renames", start, end).stdout.decode().split("\n")
+    changed = [f for f in changed if f]
+    return [f for f in changed if f not in base], [f for f in changed if f in base]
