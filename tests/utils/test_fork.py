@@ -1,10 +1,11 @@
-"""Tests for utils/fork.py on a small fake upstream sdist made in each test (real git, no network, no pip)."""
+"""Tests for the workbench (utils/fork.py, utils/workbench/) on small fake upstream sdists made in each test: a fake
+transformers and a fake accelerate (real git, no network, no pip)."""
 
 import hashlib
-import importlib.util
 import io
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("workbench_fork", REPO_ROOT / "utils" / "fork.py")
-fork = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fork)
+sys.path.insert(0, str(REPO_ROOT / "utils"))
+from workbench import cli as fork  # noqa: E402
+from workbench.series import ZERO_FROM  # noqa: E402
+
 
 TRAINER = "".join(f"line {i}\n" for i in range(1, 41))
 UPSTREAM_FILES = {
@@ -25,15 +27,24 @@ UPSTREAM_FILES = {
     "src/transformers.egg-info/SOURCES.txt": "src/transformers/__init__.py\n",
     "tests/__init__.py": "",
 }
+OPTIMIZER = "".join(f"step {i}\n" for i in range(1, 31))
+ACCELERATE_FILES = {
+    "pyproject.toml": "[project]\nname = 'fakeacc'\n",
+    "src/fakeacc/__init__.py": "",
+    "src/fakeacc/optimizer.py": OPTIMIZER,
+    "tests/test_optimizer.py": "def test_step():\n    pass\n",
+}
 USER = ["-c", "user.name=Dev", "-c", "user.email=dev@example.invalid"]
+PR1 = "trainer-loss-scale"
+LOSS_SCALE_FILES = ["src/transformers/loss_scale.py", "tests/trainer/test_loss_scale.py"]
 
 
-def make_sdist(path: Path, files: dict[str, str]) -> str:
-    """Write a tar.gz holding ``fakepkg-1.0/<files>`` and return its sha256."""
+def make_sdist(path: Path, files: dict[str, str], top: str = "fakepkg-1.0") -> str:
+    """Write a tar.gz holding ``<top>/<files>`` and return its sha256."""
     with tarfile.open(path, "w:gz") as tar:
         for rel, text in sorted(files.items()):
             data = text.encode()
-            info = tarfile.TarInfo(f"fakepkg-1.0/{rel}")
+            info = tarfile.TarInfo(f"{top}/{rel}")
             info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o644, 1234, 1234, 0
             tar.addfile(info, io.BytesIO(data))
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -41,27 +52,71 @@ def make_sdist(path: Path, files: dict[str, str]) -> str:
 
 @pytest.fixture
 def project(tmp_path):
-    """A fake workbench repository with the fake sdist already in its cache."""
+    """A fake workbench repository with both fake sdists already in its cache and a one-PR stack."""
     root = tmp_path / "repo"
     (root / "build" / "cache").mkdir(parents=True)
     sha = make_sdist(root / "build" / "cache" / "fakepkg-1.0.tar.gz", UPSTREAM_FILES)
+    acc_sha = make_sdist(root / "build" / "cache" / "fakeacc-1.0.tar.gz", ACCELERATE_FILES, "fakeacc-1.0")
     config = {
-        "upstream": {"package": "fakepkg", "version": "1.0", "sdist": "fakepkg-1.0.tar.gz", "sha256": sha},
-        "overlay": ["src/transformers", "tests/trainer", "docs/source/en"],
-        "patches": "patches/transformers",
+        "upstreams": {
+            "transformers": {
+                "package": "fakepkg",
+                "module": "transformers",
+                "version": "1.0",
+                "sdist": "fakepkg-1.0.tar.gz",
+                "sha256": sha,
+                "overlay": ["src/transformers", "tests/trainer", "docs/source/en"],
+                "patches": "patches/transformers",
+            },
+            "accelerate": {
+                "package": "fakeacc",
+                "version": "1.0",
+                "sdist": "fakeacc-1.0.tar.gz",
+                "sha256": acc_sha,
+                "repo_dir": "accelerate",
+                "overlay": ["src/fakeacc", "tests"],
+                "patches": "patches/accelerate",
+            },
+        },
         "pins": {},
-        "pr": {"fixes": "#34053"},
+        "stack": "patches/stack.json",
     }
-    (root / "patches" / "transformers").mkdir(parents=True)
+    for name in ("transformers", "accelerate"):
+        (root / "patches" / name).mkdir(parents=True)
+        (root / "patches" / name / ".patches").write_text("", encoding="utf-8")
     (root / "patches" / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    (root / "patches" / "transformers" / ".patches").write_text("", encoding="utf-8")
     write(root / "src/transformers/loss_scale.py", "def restore():\n    return 1\n")
-    write(root / "tests/trainer/test_loss_scale.py", "def test_restore():\n    pass\n")
-    write(root / ".gitignore", "/build/\n")
+    write(
+        root / "tests/trainer/test_loss_scale.py",
+        "from transformers.loss_scale import restore\n\n\ndef test_restore():\n    assert restore() == 1\n",
+    )
+    write(root / "docs/pr/trainer-loss-scale.md", "## What does this PR do?\n\nRestores the loss scale.\n")
+    set_stack(root, [pr_entry(PR1, overlay=LOSS_SCALE_FILES, tests=["tests/trainer/test_loss_scale.py"])])
+    write(root / ".gitignore", "/build/\n/dist/\n")
     sh(root, "git", "init", "-q")
     sh(root, "git", "add", "-A")
     sh(root, "git", *USER, "commit", "-q", "-m", "fake workbench")
     return root
+
+
+def pr_entry(name: str, upstream: str = "transformers", **fields) -> dict:
+    entry = {"name": name, "upstream": upstream, "title": f"Title of {name}", "patches": [], "overlay": []}
+    entry.update(tests=[f"tests/test_{name}.py"], description=f"docs/pr/{name}.md")
+    entry.update(fields)
+    return entry
+
+
+def set_stack(root: Path, entries: list[dict]) -> None:
+    write(root / "patches/stack.json", json.dumps(entries, indent=2))
+
+
+def add_to_stack(root: Path, name: str, **lists) -> None:
+    """Append to the lists of the stack entry ``name``."""
+    entries = json.loads((root / "patches/stack.json").read_text(encoding="utf-8"))
+    entry = next(e for e in entries if e["name"] == name)
+    for key, values in lists.items():
+        entry[key] = entry.get(key, []) + values
+    set_stack(root, entries)
 
 
 def write(path: Path, text: str) -> None:
@@ -108,6 +163,7 @@ def make_patch(root: Path) -> Path:
     )
     assert run(root, "export") == 0
     (patch,) = (root / "patches" / "transformers").glob("*.patch")
+    add_to_stack(root, PR1, patches=[patch.name])
     return patch
 
 
@@ -131,7 +187,7 @@ def test_build_creates_pristine_base_overlay_and_is_then_a_no_op(project, capsys
 
 def test_build_is_reproducible(project, tmp_path):
     assert run(project, "build") == 0
-    assert run(project, "build", "--fork-dir", str(tmp_path / "other")) == 0
+    assert run(project, "build", "--upstream", "transformers", "--fork-dir", str(tmp_path / "other")) == 0
     assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == sh(tmp_path / "other", "git", "rev-parse", "HEAD")
 
 
@@ -146,11 +202,12 @@ def test_edit_export_rebuild_round_trip_is_byte_stable(project, capsys):
         },
     )
     assert run(project, "export") == 0
+    add_to_stack(project, PR1, overlay=["docs/source/en/loss_scale.md"])
     assert (project / "patches/transformers/.patches").read_text(encoding="utf-8") == patch.name + "\n"
     assert "return 2" in (project / "src/transformers/loss_scale.py").read_text(encoding="utf-8")
     assert (project / "docs/source/en/loss_scale.md").exists()
     text = patch.read_text(encoding="utf-8")
-    assert text.startswith(fork.ZERO_FROM.decode()) and "Subject: Patch the trainer\n" in text
+    assert text.startswith(ZERO_FROM.decode()) and "Subject: Patch the trainer\n" in text
     assert "+line 20 patched" in text and "loss_scale" not in text, "overlay changes stay out of the patches"
     first = exported_files(project)
 
@@ -271,12 +328,13 @@ def test_rebuild_after_series_change_reuses_the_fork(project):
 def test_sha256_mismatch_of_cached_sdist_is_a_clear_error(project, capsys):
     cached = project / "build/cache/fakepkg-1.0.tar.gz"
     config = json.loads((project / "patches/config.json").read_text(encoding="utf-8"))
-    config["upstream"]["sha256"] = "0" * 64
+    config["upstreams"]["transformers"]["sha256"] = "0" * 64
     (project / "patches/config.json").write_text(json.dumps(config), encoding="utf-8")
     assert run(project, "build") == 1
     err = capsys.readouterr().err
     got = hashlib.sha256(cached.read_bytes()).hexdigest()
-    assert "sha256 mismatch for build/cache/fakepkg-1.0.tar.gz" in err
+    assert "sha256 mismatch for the transformers sdist build/cache/fakepkg-1.0.tar.gz" in err
+    assert "upstreams.transformers.sha256 in patches/config.json" in err
     assert (
         f"expected {'0' * 64}" in err and f"got      {got}" in err and "Delete build/cache/fakepkg-1.0.tar.gz" in err
     )
@@ -289,9 +347,11 @@ def test_sdist_option_is_verified_and_cached(project, tmp_path, capsys):
     cached.rename(good)
     bad = tmp_path / "bad.tar.gz"
     make_sdist(bad, {"x": "y"})
-    assert run(project, "build", "--sdist", str(bad)) == 1
-    assert f"sha256 mismatch for {bad}" in capsys.readouterr().err
-    assert run(project, "build", "--sdist", str(good)) == 0
+    assert run(project, "build", "--sdist", f"transformers={bad}") == 1
+    assert f"sha256 mismatch for the transformers sdist {bad}" in capsys.readouterr().err
+    assert run(project, "build", "--sdist", str(good)) == 1  # two upstreams: say which one
+    assert "as UPSTREAM=PATH" in capsys.readouterr().err
+    assert run(project, "build", "--upstream", "transformers", "--sdist", str(good)) == 0
     assert cached.read_bytes() == good.read_bytes()
 
 
@@ -321,7 +381,8 @@ def test_check_catches_a_patch_that_does_not_apply(project, capsys):
     patch.write_text(patch.read_text(encoding="utf-8").replace(" line 19\n", " line nineteen\n"), encoding="utf-8")
     assert run(project, "check") == 1
     err = capsys.readouterr().err
-    assert f"patches/transformers/{patch.name} does not apply cleanly" in err and "src/transformers/trainer.py" in err
+    assert f"PR {PR1}: patch patches/transformers/{patch.name} does not apply at its level, fakepkg 1.0 + {PR1}" in err
+    assert "(failed: src/transformers/trainer.py)" in err
     assert sh(fork_dir(project), "git", "status", "--porcelain") == "", "check never touches the fork"
 
 
@@ -354,47 +415,245 @@ def test_build_stops_on_a_conflict_in_git_am_state(project, capsys):
     assert "`git am` is in progress" in capsys.readouterr().err
 
 
-def test_pr_series_applies_to_the_pristine_sdist(project, tmp_path):
-    make_patch(project)
-    write(project / "docs/pr_body.md", "## Before / after\n\nLoss curves match.\n")
-    out = tmp_path / "dist"
-    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
-    description = (out / "PR_DESCRIPTION.md").read_text(encoding="utf-8")
-    for heading in ("## What does this PR do?", "## Before / after", "## Before submitting", "## Who can review?"):
-        assert heading in description
-    assert "Fixes #34053" in description and "Loss curves match." in description
-    assert "python -m pytest tests/trainer/test_loss_scale.py" in description
-
-    upstream = tmp_path / "upstream"
+def pristine_checkout(tmp_path: Path, sdist: Path, name: str) -> Path:
+    """The sdist unpacked, ``git init``ed and committed, as a contributor would start."""
+    upstream = tmp_path / f"upstream-{name}"
     upstream.mkdir()
-    with tarfile.open(project / "build/cache/fakepkg-1.0.tar.gz") as tar:
+    with tarfile.open(sdist) as tar:
         tar.extractall(upstream, filter="data")
-    pristine = upstream / "fakepkg-1.0"
-    sh(pristine, "git", "init", "-q")
+    (pristine,) = upstream.iterdir()
+    sh(pristine, "git", "init", "-q", "-b", "main")
     sh(pristine, "git", "add", "-A")
     sh(pristine, "git", *USER, "commit", "-q", "-m", "pristine")
-    sh(pristine, "git", *USER, "am", *sorted(str(p) for p in out.glob("*.patch")))
-    assert "Jane Doe" in sh(pristine, "git", "log", "--format=%an")
-
-    def tree(path):  # the sdist's build artifacts (*.egg-info) are not in the fork's pristine commit
-        return [line for line in sh(path, "git", "ls-tree", "-r", "HEAD").splitlines() if "egg-info" not in line]
-
-    assert tree(pristine) == tree(fork_dir(project))
+    return pristine
 
 
-def test_build_on_an_existing_clone_makes_a_branch(project, tmp_path):
-    make_patch(project)
-    clone = tmp_path / "clone"
-    clone.mkdir()
-    make_sdist(tmp_path / "up.tar.gz", UPSTREAM_FILES)
-    with tarfile.open(tmp_path / "up.tar.gz") as tar:
-        tar.extractall(clone, filter="data")
-    clone = clone / "fakepkg-1.0"
-    sh(clone, "git", "init", "-q", "-b", "main")
-    sh(clone, "git", "add", "-A")
-    sh(clone, "git", *USER, "commit", "-q", "-m", "upstream main")
-    assert run(project, "build", "--clone", str(clone), "--branch", "pr") == 0
-    assert sh(clone, "git", "branch", "--show-current").strip() == "pr"
-    assert sh(clone, "git", "rev-list", "--count", "main..pr").strip() == "2"
+def tree(path: Path) -> list[str]:  # the sdist's build artifacts (*.egg-info) are not in the fork's pristine commit
+    return [line for line in sh(path, "git", "ls-tree", "-r", "HEAD").splitlines() if "egg-info" not in line]
+
+
+def make_stack(root: Path) -> dict[str, Path]:
+    """Three PRs over two upstreams: PR1 (overlay + trainer patch), PR2 (a second trainer patch, its own test, on top
+    of PR1) and an accelerate PR (a patch with a test hunk). Returns the patch files by PR."""
+    patch1 = make_patch(root)
+    trainer = (fork_dir(root) / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    commit_in_fork(
+        root,
+        "Log the scale\n\nWhy: visibility. Meant for upstream.",
+        {"src/transformers/trainer.py": trainer.replace("line 21\n", "line 21 logged\n")},
+    )
+    commit_in_fork(
+        root,
+        "Test the logging",
+        {
+            "tests/trainer/test_logging.py": "from pathlib import Path\n\nimport transformers\n\n\ndef test_logged():\n"
+            "    assert 'line 21 logged' in (Path(transformers.__file__).parent / 'trainer.py').read_text()\n"
+        },
+    )
+    acc = root / "build/accelerate"
+    write(acc / "src/fakeacc/optimizer.py", OPTIMIZER.replace("step 10\n", "step 10 skipped\n"))
+    write(
+        acc / "tests/test_optimizer.py",
+        "from pathlib import Path\n\nimport fakeacc\n\n\ndef test_step():\n"
+        "    assert 'skipped' in (Path(fakeacc.__file__).parent / 'optimizer.py').read_text()\n",
+    )
+    sh(acc, "git", "add", "-A")
+    sh(acc, "git", *USER, "commit", "-q", "-m", "Detect skips\n\nWhy: fused optimizers. Meant for upstream.")
+    assert run(root, "export") == 0
+    series = (root / "patches/transformers/.patches").read_text(encoding="utf-8").split()
+    assert series[0] == patch1.name and len(series) == 2
+    (acc_patch,) = (root / "patches/accelerate").glob("*.patch")
+    write(root / "docs/pr/trainer-logging.md", "## What does this PR do?\n\nLogs the scale.\n")
+    write(root / "docs/pr/accelerate-skips.md", "## What does this PR do?\n\nDetects skips.\n")
+    write(root / "docs/source/en/loss_scale.md", "# Loss scale on resume\n\nText.\n")
+    entries = json.loads((root / "patches/stack.json").read_text(encoding="utf-8"))
+    entries[0]["overlay"].append("docs/source/en/loss_scale.md")
+    entries.insert(
+        0, pr_entry("accelerate-skips", "accelerate", patches=[acc_patch.name], tests=["tests/test_optimizer.py"])
+    )
+    entries.append(
+        pr_entry(
+            "trainer-logging",
+            patches=[series[1]],
+            overlay=["tests/trainer/test_logging.py"],
+            tests=["tests/trainer/test_logging.py"],
+            depends_on=[PR1, "accelerate-skips"],
+        )
+    )
+    set_stack(root, entries)
+    sh(root, "git", "add", "-A")
+    sh(root, "git", *USER, "commit", "-q", "-m", "the stack")
+    assert run(root, "build") == 0
+    return {PR1: patch1, "trainer-logging": root / "patches/transformers" / series[1], "accelerate-skips": acc_patch}
+
+
+def test_pr_writes_one_folder_per_pr_that_applies_level_by_level(project, tmp_path, capsys):
+    make_stack(project)
+    out = tmp_path / "dist"
+    capsys.readouterr()
+    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
+    printed = capsys.readouterr().out
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert folders == ["01-accelerate-skips", f"02-{PR1}", "03-trainer-logging"]
+    assert (out / f"02-{PR1}/PR_DESCRIPTION.md").read_text(encoding="utf-8") == (
+        "## What does this PR do?\n\nRestores the loss scale.\n"
+    )
+    assert "  - local: loss_scale\n    title: Loss scale on resume" in printed
+    assert "_toctree.yml" in (out / "README.md").read_text(encoding="utf-8")
+
+    # Each series applies with git am onto its pristine base plus the PRs below it, authored by the contributor
+    cache = project / "build/cache"
+    trans = pristine_checkout(tmp_path, cache / "fakepkg-1.0.tar.gz", "transformers")
+    for folder in folders[1:]:
+        sh(trans, "git", *USER, "am", *sorted(str(p) for p in (out / folder).glob("*.patch")))
+    assert tree(trans) == tree(fork_dir(project))
+    acc = pristine_checkout(tmp_path, cache / "fakeacc-1.0.tar.gz", "accelerate")
+    sh(acc, "git", *USER, "am", *sorted(str(p) for p in (out / folders[0]).glob("*.patch")))
+    assert tree(acc) == tree(project / "build/accelerate")
+    for repo in (trans, acc):
+        authors = set(sh(repo, "git", "log", "--format=%an <%ae>|%cn", "main~1..").splitlines())
+        assert authors == {"Jane Doe <jane@example.invalid>|Dev"}, "no placeholder identity reaches a maintainer"
+    dates = sh(trans, "git", "log", "--format=%ad", "--date=format:%Y", "-1")
+    assert dates.strip() != "2000"
+    patches = "".join(p.read_text(encoding="utf-8") for p in out.rglob("*.patch"))
+    assert "example.invalid>" in patches and "team@" not in patches and "Workbench" not in patches
+
+
+def test_pr_needs_the_contributor_identity_and_leaves_dist_alone(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    out = tmp_path / "dist"
+    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    capsys.readouterr()
+    assert run(project, "pr", "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert "git user.name and user.email are not set" in err and "git config --global user.email" in err
+    sh(project, "git", "config", "user.name", "Local Dev")
+    sh(project, "git", "config", "user.email", "local@example.invalid")
+    # A series that does not apply at its level, found while writing: nothing in dist/ changes
+    stacks = make_stack_patches(project)
+    acc_patch = stacks["accelerate-skips"]
+    acc_patch.write_text(acc_patch.read_text(encoding="utf-8").replace(" step 9\n", " step nine\n"), encoding="utf-8")
+    assert run(project, "pr", "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert f"PR accelerate-skips: patch patches/accelerate/{acc_patch.name} does not apply at its level" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dist")] == []
+    acc_patch.write_text(acc_patch.read_text(encoding="utf-8").replace(" step nine\n", " step 9\n"), encoding="utf-8")
+    assert run(project, "pr", "--out", str(out)) == 0
+    assert "Author: Local Dev" not in (out / "README.md").read_text(encoding="utf-8")
+    assert "From: Local Dev <local@example.invalid>" in next((out / f"02-{PR1}").glob("*.patch")).read_text(
+        encoding="utf-8"
+    )
+
+
+def make_stack_patches(root: Path) -> dict[str, Path]:
+    entries = json.loads((root / "patches/stack.json").read_text(encoding="utf-8"))
+    return {e["name"]: root / "patches" / e["upstream"] / e["patches"][0] for e in entries if e["patches"]}
+
+
+def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
+    make_stack(project)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    args = ["--venv", str(venv), "--tests", "--pytest-args=-q"]
+    assert run(project, "check", *args) == 0
+    out = capsys.readouterr().out
+    assert f"== PR {PR1} at its level (fakepkg 1.0 + {PR1})" in out
+    assert "== PR trainer-logging at its level (fakepkg 1.0 + trainer-loss-scale + trainer-logging)" in out
+    assert "== PR accelerate-skips at its level (fakeacc 1.0 + accelerate-skips)" in out
+
+    # PR1's tests need PR2's change: they fail at PR1's level although they pass on the whole fork
+    add_to_stack(project, PR1, tests=["tests/trainer/test_logging.py"])
+    assert run(project, "check", *args) == 1
+    err = capsys.readouterr().err
+    assert f"FAIL: PR {PR1}: its tests failed (pytest exit status 4) at its level, fakepkg 1.0 + {PR1}" in err
+
+    # The repository's own test run covers the top transformers level's tests (make test)
+    capsys.readouterr()
+    assert run(project, "check", *args, "--skip-repo-tests-at-top") == 1
+    assert "its tests run in the repository's test run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("problem", ["missing_patch", "unowned_patch", "shared_file", "order", "missing_description"])
+def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, problem):
+    patches = make_stack(project)
+    entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
+    logging = entries[2]
+    if problem == "missing_patch":
+        logging["patches"].append("missing.patch")
+        expected = "patches/stack.json, PR trainer-logging: patch patches/transformers/missing.patch does not exist"
+    elif problem == "unowned_patch":
+        logging["patches"] = []
+        expected = f"patch patches/transformers/{patches['trainer-logging'].name} belongs to no PR (add it to one)"
+    elif problem == "shared_file":
+        logging["overlay"].append("src/transformers/loss_scale.py")
+        expected = "PR trainer-logging: overlay file src/transformers/loss_scale.py already belongs to PR " + PR1
+    elif problem == "order":
+        entries[1], entries[2] = entries[2], entries[1]
+        entries[1]["depends_on"] = []
+        expected = "patches/transformers/.patches orders the transformers patches differently from patches/stack.json"
+    else:
+        logging["description"] = "docs/pr/nope.md"
+        expected = "PR trainer-logging: description docs/pr/nope.md does not exist"
+    set_stack(project, entries)
+    capsys.readouterr()
+    assert run(project, "check") == 1
+    assert expected in capsys.readouterr().err
+    out = tmp_path / "dist"
+    assert run(project, "pr", "--out", str(out), "--author", "Jane <j@example.invalid>") == 1
+    assert expected in capsys.readouterr().err and not out.exists()
+
+
+def test_wrong_accelerate_sdist_hash_is_a_clear_error(project, capsys):
+    config = json.loads((project / "patches/config.json").read_text(encoding="utf-8"))
+    config["upstreams"]["accelerate"]["sha256"] = "1" * 64
+    (project / "patches/config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert run(project, "build") == 1
+    err = capsys.readouterr().err
+    assert "sha256 mismatch for the accelerate sdist build/cache/fakeacc-1.0.tar.gz" in err
+    assert "upstreams.accelerate.sha256 in patches/config.json" in err
+    assert run(project, "check") == 1
+    assert "sha256 mismatch for the accelerate sdist" in capsys.readouterr().err
+
+
+def test_accelerate_fork_has_its_own_overlay_folder(project):
+    assert run(project, "build") == 0
+    acc = project / "build/accelerate"
+    commit_in_fork_at(acc, "Add a test file", {"tests/test_skips.py": "def test_skips():\n    pass\n"})
+    assert run(project, "export", "--upstream", "accelerate") == 0
+    assert (project / "accelerate/tests/test_skips.py").read_text(encoding="utf-8") == "def test_skips():\n    pass\n"
+    assert not (project / "tests/test_skips.py").exists()
+    assert list((project / "patches/accelerate").glob("*.patch")) == []
+
+
+def commit_in_fork_at(fork_path: Path, message: str, edits: dict[str, str]) -> None:
+    for rel, text in edits.items():
+        write(fork_path / rel, text)
+    sh(fork_path, "git", "add", "-A")
+    sh(fork_path, "git", *USER, "commit", "-q", "-m", message)
+
+
+def test_build_on_an_existing_clone_makes_a_branch_per_pr(project, tmp_path, capsys):
+    make_stack(project)
+    clone = pristine_checkout(tmp_path, project / "build/cache/fakepkg-1.0.tar.gz", "clone")
+    sh(clone, "git", "config", "user.name", "Clone Dev")
+    sh(clone, "git", "config", "user.email", "clone@example.invalid")
+    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 0
+    assert sh(clone, "git", "branch", "--show-current").strip() == PR1
+    assert sh(clone, "git", "rev-list", "--count", f"main..{PR1}").strip() == "2"
     assert "line 20 patched" in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
-    assert run(project, "build", "--clone", str(clone), "--branch", "pr") == 1  # the branch exists now
+    assert "line 21 logged" not in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    assert set(sh(clone, "git", "log", "--format=%an <%ae>", "main..").split("\n")) == {
+        "Clone Dev <clone@example.invalid>",
+        "",
+    }
+    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 1  # the branch exists now
+    assert "branch trainer-loss-scale exists" in capsys.readouterr().err
+    sh(clone, "git", "checkout", "-q", "main")
+    assert run(project, "build", "--clone", str(clone)) == 0  # default: the whole transformers stack
+    assert sh(clone, "git", "rev-list", "--count", "main..trainer-logging").strip() == "4"

@@ -263,7 +263,7 @@ def clone_upstream(project: Project, clone: Path, names: list[str] | None) -> Up
         if len(names) != 1:
             raise ForkError("--clone takes one --upstream")
         return project.select(names)[0]
-    found = [u for u in project.upstreams.values() if (clone / "src" / u.package).is_dir()]
+    found = [u for u in project.upstreams.values() if (clone / "src" / u.module).is_dir()]
     if len(found) != 1:
         raise ForkError(f"cannot tell which upstream {clone} is a clone of: pass --upstream NAME")
     return found[0]
@@ -572,7 +572,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     common.add_argument("--venv", help="virtual environment (default: REPO/.venv)")
 
-    parser = argparse.ArgumentParser(description=PACKAGE_DOC.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=PACKAGE_DOC.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", parents=[common], help="build the forks (a fast no-op when nothing changed)")
     build.add_argument("--clone", help="put the stack's PRs on a new branch of this contributor's upstream clone")

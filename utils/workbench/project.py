@@ -4,7 +4,7 @@
 
     {"upstreams": {"transformers": {"package": ..., "version": ..., "sdist": ..., "sha256": ...,
                                     "overlay": [roots, in upstream paths], "patches": "patches/transformers",
-                                    "fork": "build/transformers", "repo_dir": "."}, ...},
+                                    "fork": "build/transformers", "repo_dir": ".", "module": import name}, ...},
      "pins": {tool: version}, "stack": "patches/stack.json"}
 
 ``repo_dir`` is the repository folder mirrored onto the upstream's root (``.`` for transformers, whose new files live at
@@ -23,7 +23,8 @@ class Upstream:
     """One upstream project: its pinned sdist, its overlay and patch series in the repository, its fork."""
 
     name: str
-    package: str
+    package: str  # the distribution on the package index
+    module: str  # the top-level import package (under src/)
     version: str
     sdist_name: str
     sha256: str
@@ -110,6 +111,7 @@ def load_project(
         project.upstreams[name] = Upstream(
             name=name,
             package=package,
+            module=entry.get("module", package),
             version=version,
             sdist_name=entry.get("sdist", f"{package}-{version}.tar.gz"),
             sha256=entry["sha256"].lower(),

@@ -106,7 +106,9 @@ def lint_series(project: Project, upstream: Upstream) -> list[str]:
             problems.append(f"{rel_series} lists {name} twice")
         seen.add(name)
         if not (upstream.patches_dir / name).is_file():
-            problems.append(f"{rel_series} lists {name}, but {project.rel(upstream.patches_dir / name)} does not exist")
+            problems.append(
+                f"{rel_series} lists {name}, but {project.rel(upstream.patches_dir / name)} does not exist"
+            )
     if upstream.patches_dir.is_dir():
         for path in sorted(upstream.patches_dir.iterdir()):
             if path.name != ".patches" and path.name not in seen:

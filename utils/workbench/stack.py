@@ -159,8 +159,7 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
         if not problems and stack_order != series:
             problems.append(
                 f"{project.rel(upstream.series_file)} orders the {upstream.name} patches differently from {where} "
-                "(the series is the stack's patches, PR by PR, bottom first):\n    "
-                + "\n    ".join(stack_order)
+                "(the series is the stack's patches, PR by PR, bottom first):\n    " + "\n    ".join(stack_order)
             )
         overlay = read_overlay(upstream)
         claimed: dict[str, str] = {}
@@ -168,7 +167,9 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
             for rel in pr.overlay:
                 shown = project.rel(repo_path(upstream, rel))
                 if rel in claimed:
-                    problems.append(f"{where}, PR {pr.name}: overlay file {shown} already belongs to PR {claimed[rel]}")
+                    problems.append(
+                        f"{where}, PR {pr.name}: overlay file {shown} already belongs to PR {claimed[rel]}"
+                    )
                     continue
                 claimed[rel] = pr.name
                 if not under_roots(rel, upstream.overlay_roots):
@@ -261,14 +262,20 @@ def run_level_tests(
     env = dict(os.environ)
     env.update(
         PYTHONPATH=os.pathsep.join([str(src), str(guard)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-        WORKBENCH_LEVEL_PACKAGE=upstream.package,
+        WORKBENCH_LEVEL_PACKAGE=upstream.module,
         WORKBENCH_LEVEL_SRC=str(src),
         PYTHONDONTWRITEBYTECODE="1",
     )
     python = project.venv / "bin" / "python"
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", *pytest_args, *tests]
+    sys.stderr.flush()
     print(f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}): pytest {' '.join(tests)}", flush=True)
-    proc = subprocess.run(cmd, cwd=checkout, env=env, stdout=sys.stdout, stderr=sys.stderr)
+    try:  # stream the output where there is a real terminal or log file, else (captured) print it afterwards
+        sys.stdout.fileno()
+        proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL)
+    except (AttributeError, OSError, ValueError):
+        proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        print(proc.stdout + proc.stderr, flush=True)
     git(repo, "worktree", "remove", "--force", str(checkout), check=False)
     if proc.returncode == 0:
         return None
