@@ -48,7 +48,8 @@ Choices made to see the bug on a tiny model:
 
 Stock and fork run in separate worker processes of this script (in parallel), the stock one with
 `PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. When the default
-stock source directory is missing it is extracted from the fork's `upstream-base` tag (`git archive`, read-only).
+stock source directory is missing it is extracted from the forks' `upstream-base` tags (`git archive`, read-only):
+stock transformers and, when its fork exists, stock accelerate.
 
 Output, under `--out`: `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
 `report.json` (settings, per scenario and variant: status, messages, step rows, first divergence with its likely
@@ -79,6 +80,9 @@ import resume_diff  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS_FILE = os.path.join(REPO_ROOT, "utils", "data", "prompts.txt")
 FORK_DIR = os.path.join(REPO_ROOT, "build", "transformers")
+# accelerate is a second upstream of the workbench: stock means stock accelerate too (the default stock directory
+# holds both pristine source trees).
+ACCELERATE_FORK_DIR = os.path.join(REPO_ROOT, "build", "accelerate")
 DEFAULT_STOCK_SRC = os.path.join("build", "stock", "src")
 STOCK_TAG = "upstream-base"
 VARIANTS = ("stock", "fork")
@@ -382,23 +386,27 @@ def fail(message: str):
 
 
 def ensure_stock_src(stock_src: str) -> None:
-    """Extracts the pristine sources (tag `upstream-base` of the fork) into `stock_src` when missing."""
-    if os.path.isfile(os.path.join(stock_src, "transformers", "__init__.py")):
+    """Extracts the pristine sources (tag `upstream-base` of each fork) into `stock_src` when missing."""
+    forks = {"transformers": FORK_DIR}
+    if os.path.isdir(os.path.join(ACCELERATE_FORK_DIR, ".git")):
+        forks["accelerate"] = ACCELERATE_FORK_DIR
+    if all(os.path.isfile(os.path.join(stock_src, name, "__init__.py")) for name in forks):
         return
     if os.path.normpath(stock_src) != os.path.normpath(os.path.join(REPO_ROOT, DEFAULT_STOCK_SRC)):
-        fail(f"--stock-src {stock_src} has no transformers/__init__.py")
-    print(f"extracting stock transformers ({STOCK_TAG} of {FORK_DIR}) into {stock_src} ...", flush=True)
+        fail(f"--stock-src {stock_src} needs {' and '.join(f'{name}/__init__.py' for name in forks)}")
+    print(f"extracting stock {' and '.join(forks)} ({STOCK_TAG} of the forks) into {stock_src} ...", flush=True)
     target = os.path.dirname(stock_src)
     partial = target + ".partial"
     try:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-        archive = subprocess.run(["git", "-C", FORK_DIR, "archive", STOCK_TAG, "src"], capture_output=True)
-        if archive.returncode != 0:
-            fail(f"cannot extract {STOCK_TAG} from {FORK_DIR}: {archive.stderr.decode(errors='replace').strip()}")
-        untar = subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, capture_output=True)
-        if untar.returncode != 0:
-            fail(f"cannot unpack {STOCK_TAG} into {partial}: {untar.stderr.decode(errors='replace').strip()}")
+        for fork in forks.values():
+            archive = subprocess.run(["git", "-C", fork, "archive", STOCK_TAG, "src"], capture_output=True)
+            if archive.returncode != 0:
+                fail(f"cannot extract {STOCK_TAG} from {fork}: {archive.stderr.decode(errors='replace').strip()}")
+            untar = subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, capture_output=True)
+            if untar.returncode != 0:
+                fail(f"cannot unpack {STOCK_TAG} into {partial}: {untar.stderr.decode(errors='replace').strip()}")
         shutil.rmtree(target, ignore_errors=True)
         os.rename(partial, target)
     except OSError as error:

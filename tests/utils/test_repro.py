@@ -168,7 +168,7 @@ def test_missing_stock_src_is_a_setup_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         repro.main(["--stock-src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    assert "has no transformers/__init__.py" in capsys.readouterr().err
+    assert "needs transformers/__init__.py" in capsys.readouterr().err
 
 
 def test_a_failed_worker_stops_the_others(tmp_path, monkeypatch, capsys):
