@@ -21,6 +21,7 @@ PYTEST_ARGS ?= -n auto
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
 OWN_PY := utils tests/utils bench
 OVERLAY_PY := $(wildcard src tests/trainer)
+ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
 .PHONY: fork deps test patches check pr quality repro
 
@@ -55,4 +56,8 @@ quality: fork
 ifneq ($(OVERLAY_PY),)
 	$(VENV)/bin/ruff check --config $(FORK_DIR)/pyproject.toml $(OVERLAY_PY)
 	$(VENV)/bin/ruff format --check --config $(FORK_DIR)/pyproject.toml $(OVERLAY_PY)
+endif
+ifneq ($(ACCELERATE_OVERLAY_PY),)
+	$(VENV)/bin/ruff check --config build/accelerate/pyproject.toml $(ACCELERATE_OVERLAY_PY)
+	$(VENV)/bin/ruff format --check --config build/accelerate/pyproject.toml $(ACCELERATE_OVERLAY_PY)
 endif
