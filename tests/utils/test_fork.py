@@ -4,6 +4,7 @@ transformers and a fake accelerate (real git, no network, no pip)."""
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -579,7 +580,9 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     assert "its tests run in the repository's test run" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("problem", ["missing_patch", "unowned_patch", "shared_file", "order", "missing_description"])
+@pytest.mark.parametrize(
+    "problem", ["missing_patch", "unowned_patch", "shared_file", "order", "missing_description", "unknown_upstream"]
+)
 def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, problem):
     patches = make_stack(project)
     entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
@@ -597,9 +600,14 @@ def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, p
         entries[1], entries[2] = entries[2], entries[1]
         entries[1]["depends_on"] = []
         expected = "patches/transformers/.patches orders the transformers patches differently from patches/stack.json"
-    else:
+    elif problem == "missing_description":
         logging["description"] = "docs/pr/nope.md"
         expected = "PR trainer-logging: description docs/pr/nope.md does not exist"
+    else:
+        logging["upstream"] = "tranformers"
+        expected = (
+            "patches/stack.json, PR trainer-logging: upstream 'tranformers' is not one of transformers, accelerate"
+        )
     set_stack(project, entries)
     capsys.readouterr()
     assert run(project, "check") == 1
@@ -607,6 +615,20 @@ def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, p
     out = tmp_path / "dist"
     assert run(project, "pr", "--out", str(out), "--author", "Jane <j@example.invalid>") == 1
     assert expected in capsys.readouterr().err and not out.exists()
+
+
+def test_level_guard_refuses_a_package_imported_from_outside_the_level(tmp_path):
+    from workbench.stack import GUARD_PLUGIN
+
+    (tmp_path / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "WORKBENCH_LEVEL_PACKAGE": "json"}
+    cmd = [sys.executable, "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", "test_x.py"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "WORKBENCH_LEVEL_SRC": str(tmp_path)}, capture_output=True)
+    assert proc.returncode != 0 and b"json was imported from" in proc.stdout + proc.stderr
+    json_src = str(Path(json.__file__).parent.parent)
+    proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "WORKBENCH_LEVEL_SRC": json_src}, capture_output=True)
+    assert proc.returncode == 0, proc.stdout
 
 
 def test_wrong_accelerate_sdist_hash_is_a_clear_error(project, capsys):
