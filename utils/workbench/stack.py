@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -270,6 +271,7 @@ def run_level_tests(
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     print(f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}): pytest {' '.join(tests)}", flush=True)
+    started = time.monotonic()
     try:  # stream the output where there is a real terminal or log file, else (captured) print it afterwards
         sys.stdout.fileno()
         proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL)
@@ -278,6 +280,7 @@ def run_level_tests(
         print(proc.stdout + proc.stderr, flush=True)
     git(repo, "worktree", "remove", "--force", str(checkout), check=False)
     if proc.returncode == 0:
+        print(f"== PR {pr.name}: its tests pass at its level ({time.monotonic() - started:.0f} s)", flush=True)
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
