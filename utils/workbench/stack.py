@@ -265,7 +265,6 @@ def run_level_tests(
         PYTHONPATH=os.pathsep.join([str(src), str(guard)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
         WORKBENCH_LEVEL_PACKAGE=upstream.module,
         WORKBENCH_LEVEL_SRC=str(src),
-        PYTHONDONTWRITEBYTECODE="1",
     )
     python = project.venv / "bin" / "python"
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", *pytest_args, *tests]
