@@ -581,7 +581,16 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "problem", ["missing_patch", "unowned_patch", "shared_file", "order", "missing_description", "unknown_upstream"]
+    "problem",
+    [
+        "missing_patch",
+        "unowned_patch",
+        "shared_file",
+        "order",
+        "missing_description",
+        "unknown_upstream",
+        "dependency",
+    ],
 )
 def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, problem):
     patches = make_stack(project)
@@ -600,6 +609,12 @@ def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, p
         entries[1], entries[2] = entries[2], entries[1]
         entries[1]["depends_on"] = []
         expected = "patches/transformers/.patches orders the transformers patches differently from patches/stack.json"
+    elif problem == "dependency":  # its patch needs PR1's change next to it, but it claims to need only accelerate
+        logging["depends_on"] = ["accelerate-skips"]
+        expected = (
+            f"PR trainer-logging: patch patches/transformers/{patches['trainer-logging'].name} does not apply on "
+            f"fakepkg 1.0 alone: it needs {PR1} below it. Add that to its depends_on"
+        )
     elif problem == "missing_description":
         logging["description"] = "docs/pr/nope.md"
         expected = "PR trainer-logging: description docs/pr/nope.md does not exist"
@@ -612,6 +627,13 @@ def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, p
     capsys.readouterr()
     assert run(project, "check") == 1
     assert expected in capsys.readouterr().err
+    if problem == "dependency":
+        logging["depends_on"] = []
+        logging["patches"] = []  # a PR with only new files depends on nothing
+        entries[1]["patches"].append(patches["trainer-logging"].name)
+        set_stack(project, entries)
+        assert run(project, "check") == 0
+        return
     out = tmp_path / "dist"
     assert run(project, "pr", "--out", str(out), "--author", "Jane <j@example.invalid>") == 1
     assert expected in capsys.readouterr().err and not out.exists()

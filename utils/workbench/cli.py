@@ -41,6 +41,7 @@ from .stack import (
     LevelConflict,
     below,
     build_levels,
+    independence_problems,
     load_stack,
     prs_of,
     run_level_tests,
@@ -452,6 +453,8 @@ def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args) -
         f"re-exporting would {change} (run `make fork`, then `make patches`)"
         for change in unexported_changes(project, upstream, repo)
     ]
+    if prs is not None and not problems:
+        problems += independence_problems(project, upstream, repo, prs)
     if problems or prs is None or not args.tests:
         return problems
     own = prs_of(prs, upstream)

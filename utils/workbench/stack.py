@@ -220,6 +220,44 @@ def build_levels(
     return dest
 
 
+def dependencies(prs: list[PR], pr: PR) -> list[PR]:
+    """The PRs of ``pr``'s upstream that it depends on, directly or through others (``depends_on``), stack order."""
+    by_name = {p.name: p for p in prs}
+    needed, todo = set(), list(pr.depends_on)
+    while todo:
+        name = todo.pop()
+        if name in by_name and name not in needed:
+            needed.add(name)
+            todo += by_name[name].depends_on
+    return [p for p in below(prs, pr) if p.name in needed]
+
+
+def independence_problems(project: Project, upstream: Upstream, repo: Path, prs: list[PR]) -> list[str]:
+    """A PR that depends on fewer PRs than lie below it must apply on the pristine base plus only those: check it
+    in ``repo`` (a ``build_levels`` repository; its HEAD is moved)."""
+    problems = []
+    overlay = read_overlay(upstream)
+    for pr in prs_of(prs, upstream):
+        needed = dependencies(prs, pr)
+        if len(needed) == len(below(prs, pr)):
+            continue
+        git(repo, "checkout", "-q", "--detach", BASE_REF)
+        try:
+            for p in [*needed, pr]:
+                add_overlay(repo, {rel: overlay[rel] for rel in p.overlay if rel in overlay}, p.commit_message())
+                apply_patches(upstream, repo, p.patches)
+        except PatchConflict as err:
+            git(repo, "am", "--abort", check=False)
+            missing = [p.name for p in below(prs, pr) if p not in needed]
+            problems.append(
+                f"PR {pr.name}: patch {project.rel(upstream.patches_dir / err.patch)} does not apply on "
+                f"{upstream.label}" + "".join(f" + {p.name}" for p in needed) + f" alone: it needs "
+                f"{' or '.join(missing)} below it. Add that to its depends_on in {project.rel(project.stack_path)}, "
+                "or rebase it onto the pristine base."
+            )
+    return problems
+
+
 def level_ref(prs: list[PR], pr: PR | None) -> str:
     return BASE_REF if pr is None else LEVEL_TAG + pr.name
 
