@@ -46,7 +46,10 @@ class PR:
 
     def commit_message(self) -> str:
         """Message of the commit that adds this PR's new files."""
-        return (self.overlay_message or f"{self.title}: new files").rstrip() + "\n"
+        if self.overlay_message:
+            return self.overlay_message.rstrip() + "\n"
+        names = ", ".join(f"`{Path(rel).name}`" for rel in self.overlay)
+        return f"{self.title}\n\nThe new files of this change: {names}.\n"
 
 
 def load_stack(project: Project) -> list[PR]:
