@@ -12,7 +12,8 @@ The repository holds only what we write, per upstream (``patches/config.json`` l
   with its own tests and description (``docs/pr/<name>.md``).
 
 Modules: ``project`` (configuration), ``sources`` (sdists, pristine trees), ``overlay``, ``series`` (apply, export,
-lint), ``stack`` (PRs, levels, level tests), ``pr`` (dist/ output), ``cli`` (the commands).
+lint), ``stack`` (PRs, levels, level tests), ``forks`` (build, editable install, export), ``pr`` (dist/ output), ``cli``
+(check, deps, the command line).
 
 Commands (``python utils/fork.py <command> --help`` for options):
 
