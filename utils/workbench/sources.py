@@ -61,7 +61,8 @@ def download_sdist(project: Project, upstream: Upstream, cached: Path) -> None:
     spec = f"{upstream.package}=={upstream.version}"
     print(f"Downloading the {spec} sdist from the package index ...", flush=True)
     with tempfile.TemporaryDirectory(dir=upstream.cache_dir, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", spec, "-d", tmp]
+        # Only this package as an sdist: its build requirements (for the metadata pip prepares) may come as wheels.
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", upstream.package, spec, "-d", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(Path(tmp).glob("*.tar.gz"))
         if proc.returncode != 0 or not found:
