@@ -107,9 +107,30 @@ def training_logs(trainer):
     return {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
 
 
+def accelerate_reports_skips_of_amp_aware_optimizers():
+    """Whether the installed Accelerate sees the update that a fused optimizer skipped (huggingface/accelerate#4242)."""
+    model = torch.nn.Linear(2, 2)
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), fused=True))
+    accelerator.backward(model(torch.ones(1, 2)).sum())
+    model.weight.grad[0, 0] = float("inf")
+    optimizer.step()
+    return optimizer.step_was_skipped
+
+
 class TrainerSkippedUpdatesTest(TestCasePlus):
     @parameterized.expand([(1,), (2,)])
     def test_fused_and_unfused_optimizers_skip_the_same_updates(self, gradient_accumulation_steps):
+        self.assert_fused_and_unfused_optimizers_skip_the_same_updates(gradient_accumulation_steps)
+
+    def test_accelerate_with_the_fix_needs_no_fallback(self):
+        if not accelerate_reports_skips_of_amp_aware_optimizers():
+            self.skipTest(reason="Accelerate does not report the updates skipped by AMP-aware optimizers")
+        with mock.patch("transformers.trainer_skipped_updates.is_accelerate_available", return_value=True):
+            self.assert_fused_and_unfused_optimizers_skip_the_same_updates(gradient_accumulation_steps=1)
+
+    def assert_fused_and_unfused_optimizers_skip_the_same_updates(self, gradient_accumulation_steps):
         runs = {}
         for optim in ("adamw_torch", "adamw_torch_fused"):
             trainer = get_fp16_trainer(
