@@ -79,6 +79,7 @@ import resume_diff  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS_FILE = os.path.join(REPO_ROOT, "utils", "data", "prompts.txt")
 FORK_DIR = os.path.join(REPO_ROOT, "build", "transformers")
+ACCELERATE_FORK_DIR = os.path.join(REPO_ROOT, "build", "accelerate")
 DEFAULT_STOCK_SRC = os.path.join("build", "stock", "src")
 STOCK_TAG = "upstream-base"
 VARIANTS = ("stock", "fork")
@@ -403,6 +404,33 @@ def ensure_stock_src(stock_src: str) -> None:
         os.rename(partial, target)
     except OSError as error:
         fail(f"cannot extract {STOCK_TAG} from {FORK_DIR} into {target}: {error}")
+
+
+def ensure_stock_accelerate(stock_src: str) -> None:
+    """
+    When accelerate is built from our patched fork (`build/accelerate`), the stock variant must not run the patched
+    accelerate either: extracts its pristine package (tag `upstream-base`) next to stock transformers in `stock_src`.
+    """
+    if os.path.isfile(os.path.join(stock_src, "accelerate", "__init__.py")):
+        return
+    tagged = subprocess.run(
+        ["git", "-C", ACCELERATE_FORK_DIR, "rev-parse", "-q", "--verify", STOCK_TAG], capture_output=True
+    )
+    if not os.path.isdir(ACCELERATE_FORK_DIR) or tagged.returncode != 0:
+        return  # accelerate is the pinned release, stock in both variants
+    print(f"extracting stock accelerate ({STOCK_TAG} of {ACCELERATE_FORK_DIR}) into {stock_src} ...", flush=True)
+    archive = subprocess.run(
+        ["git", "-C", ACCELERATE_FORK_DIR, "archive", STOCK_TAG, "src/accelerate"], capture_output=True
+    )
+    if archive.returncode != 0:
+        fail(
+            f"cannot extract {STOCK_TAG} from {ACCELERATE_FORK_DIR}: {archive.stderr.decode(errors='replace').strip()}"
+        )
+    untar = subprocess.run(
+        ["tar", "-x", "--strip-components=1", "-C", stock_src], input=archive.stdout, capture_output=True
+    )
+    if untar.returncode != 0:
+        fail(f"cannot unpack stock accelerate into {stock_src}: {untar.stderr.decode(errors='replace').strip()}")
 
 
 def _worker_command(variant: str, options) -> list[str]:
@@ -808,6 +836,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     if "stock" in options.variants:
         ensure_stock_src(options.stock_src)
+        ensure_stock_accelerate(options.stock_src)
     try:
         os.makedirs(options.out, exist_ok=True)
     except OSError as error:
