@@ -42,11 +42,22 @@ def get_num_skipped_updates(state) -> int:
     Args:
         state ([`TrainerState`]):
             The state of the [`Trainer`], for instance `trainer.state`.
+
+    Raises:
+        `ValueError`: If the saved count is not a non-negative integer (a hand-edited `trainer_state.json`).
     """
-    entry = (state.stateful_callbacks or {}).get(SkippedUpdatesMonitor.__name__)
-    if not isinstance(entry, dict):
+    name = SkippedUpdatesMonitor.__name__
+    entry = (state.stateful_callbacks or {}).get(name)
+    if entry is None:
         return 0
-    return entry.get("attributes", {}).get("num_skipped_updates", 0)
+    count = entry.get("attributes", {}).get("num_skipped_updates") if isinstance(entry, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(
+            f"The entry {name!r} of `stateful_callbacks` in the trainer state is {entry!r}, expected "
+            "{'args': {}, 'attributes': {'num_skipped_updates': <an integer >= 0>}}. Fix or delete it in the "
+            "`trainer_state.json` of the checkpoint to resume from; without it, the count restarts at 0."
+        )
+    return count
 
 
 def _set_num_skipped_updates(state, value: int) -> None:

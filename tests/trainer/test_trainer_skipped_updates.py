@@ -283,6 +283,19 @@ class SkippedUpdatesMonitorTest(unittest.TestCase):
                 self.run_steps({"fused": True}, [False])
         self.assertIsNone(self.monitor._scale_before_step)
 
+    @parameterized.expand(
+        [
+            ("not_a_dict", [3]),
+            ("no_count", {"args": {}, "attributes": {}}),
+            ("negative", {"args": {}, "attributes": {"num_skipped_updates": -1}}),
+            ("string", {"args": {}, "attributes": {"num_skipped_updates": "3"}}),
+        ]
+    )
+    def test_invalid_saved_count_is_a_clear_error(self, _, entry):
+        state = TrainerState(stateful_callbacks={"SkippedUpdatesMonitor": entry})
+        with self.assertRaisesRegex(ValueError, "Fix or delete it in the `trainer_state.json` of the checkpoint"):
+            get_num_skipped_updates(state)
+
     def test_without_scaler_counts_skips_reported_by_the_accelerator(self):
         # DeepSpeed keeps its own loss scaler and reports its skips through the accelerator.
         accelerator = mock.Mock(scaler=None, optimizer_step_was_skipped=True)
