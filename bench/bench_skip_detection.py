@@ -1,9 +1,10 @@
-"""Per-step cost of detecting skipped fp16 updates (`LossScaleMonitor`) against the stock optimizer step.
+"""Per-step cost of deciding whether an fp16 update was skipped (`SkippedUpdatesMonitor`) against the stock step.
 
 The stock step is what `Trainer` runs with fp16: `scaler.step(optimizer)` and `scaler.update()` (inside Accelerate's
-optimizer wrapper), then it reads `accelerator.optimizer_step_was_skipped`. The patched step adds
-`LossScaleMonitor.on_step_begin()` before and `LossScaleMonitor.step_was_skipped()` after. Both variants run in the
-same process, alternating step by step on the same model and gradients, so their ratio is comparable across machines.
+optimizer wrapper), then it reads `accelerator.optimizer_step_was_skipped`. The patched step asks
+`SkippedUpdatesMonitor.optimizer_step_was_skipped()` instead, which reads the same flag and, for AMP-aware (fused)
+optimizers with an Accelerate release that misses their skips, one scalar of the scaler. Both variants run in the same
+process, alternating step by step on the same model and gradients, so their ratio is comparable across machines.
 
     .venv/bin/python bench/bench_skip_detection.py [--steps 300] [--repeats 7] [--device cpu|cuda] [--out FILE]
 """
@@ -18,11 +19,20 @@ import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 
-from transformers.trainer_loss_scale import LossScaleMonitor
+from transformers import TrainerState
+from transformers.trainer_skipped_updates import SkippedUpdatesMonitor
 
 
-class _State:
-    num_skipped_updates = 0
+class _Accelerator:
+    """The two attributes of `Accelerator` the monitor reads, for one optimizer."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.scaler = optimizer.scaler
+
+    @property
+    def optimizer_step_was_skipped(self):
+        return self.optimizer.step_was_skipped
 
 
 def _synchronize(device):
@@ -36,9 +46,9 @@ def time_steps(device, optim_kwargs, steps, overflow_every):
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).to(device)
     scaler = torch.amp.GradScaler(device.type)
     optimizer = AcceleratedOptimizer(torch.optim.AdamW(model.parameters(), **optim_kwargs), scaler=scaler)
-    monitor, state = LossScaleMonitor(scaler), _State()
     scaler.scale(model(torch.randn(8, 512, device=device)).sum()).backward()
     grads = [p.grad.clone() for p in model.parameters()]
+    monitor, state = SkippedUpdatesMonitor(_Accelerator(optimizer), optimizer), TrainerState()
     elapsed = [0.0, 0.0]
     for step in range(steps):
         with_monitor = step % 2
@@ -48,12 +58,11 @@ def time_steps(device, optim_kwargs, steps, overflow_every):
             model[0].weight.grad[0, 0] = float("inf")
         _synchronize(device)
         start = time.perf_counter()
-        if with_monitor:
-            monitor.on_step_begin()
         optimizer.step()
-        skipped = optimizer.step_was_skipped
         if with_monitor:
-            skipped = monitor.step_was_skipped(state, skipped)
+            monitor.optimizer_step_was_skipped(state)
+        else:
+            optimizer.step_was_skipped  # noqa: B018 (what the stock Trainer reads)
         _synchronize(device)
         elapsed[with_monitor] += time.perf_counter() - start
     return elapsed[0] / (steps // 2), elapsed[1] / (steps // 2)

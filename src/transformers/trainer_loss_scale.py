@@ -12,8 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-Loss scaling (`torch.amp.GradScaler`) support for the [`Trainer`]: restoring the scaler from a checkpoint, detecting
-optimizer updates skipped because of overflowing gradients, and reporting the loss scale.
+Restoring the loss scaler (`torch.amp.GradScaler`) of fp16 mixed precision training from a [`Trainer`] checkpoint.
 """
 
 import math
@@ -30,10 +29,12 @@ logger = logging.get_logger(__name__)
 
 SCALER_NAME = "scaler.pt"
 
-# Warn each time this many optimizer updates in a row have been skipped because of overflowing gradients.
-CONSECUTIVE_SKIPPED_UPDATES_WARNING_INTERVAL = 10
-
 _SCALER_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+# `GradScaler` keeps its scale in a float32 tensor and its growth tracker in an int32 tensor.
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+_INT32_MAX = torch.iinfo(torch.int32).max
 
 
 def _is_number(value) -> bool:
@@ -68,10 +69,14 @@ def _scaler_state_problem(state) -> str | None:
             )
         if not _is_number(value) or not low < value < high:
             return f"{key!r} is {value!r}, expected {expected}"
+    if state["scale"] > _FLOAT32_MAX:
+        return f"'scale' is {state['scale']!r}, larger than the float32 maximum {_FLOAT32_MAX!r} the scaler can hold"
     for key, minimum in (("growth_interval", 1), ("_growth_tracker", 0)):
         value = state[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             return f"{key!r} is {value!r}, expected an integer >= {minimum}"
+    if state["_growth_tracker"] > _INT32_MAX:
+        return f"'_growth_tracker' is {state['_growth_tracker']!r}, larger than the int32 maximum {_INT32_MAX}"
     return None
 
 
@@ -90,8 +95,15 @@ def read_scaler_state(path: str) -> dict:
         disabled `GradScaler`.
 
     Raises:
-        `ValueError`: If the file cannot be read weights-only or does not hold a valid `GradScaler` state.
+        `ValueError`: If `path` is a directory, or the file cannot be read weights-only or does not hold a valid
+        `GradScaler` state.
     """
+    if os.path.isdir(path):
+        raise ValueError(
+            f"Cannot restore the loss scaler from {path}: it is a directory, not a file saved by `Trainer`. Remove "
+            f"{path} to resume with the loss scale restarted at its initial value (the first updates may then be "
+            "skipped while it recalibrates)."
+        )
     check_torch_load_is_safe()
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -136,7 +148,8 @@ def load_scaler_state(scaler: "torch.amp.GradScaler | None", checkpoint: str) ->
         `ValueError`: If the checkpoint's `scaler.pt` is invalid (see [`read_scaler_state`]).
     """
     path = os.path.join(checkpoint, SCALER_NAME)
-    has_saved_state = os.path.isfile(path)
+    # `exists`, not `isfile`: a directory in the way is an error (see `read_scaler_state`), not a missing file.
+    has_saved_state = os.path.exists(path)
     if scaler is None or not scaler.is_enabled():
         if has_saved_state:
             logger.info(
@@ -153,59 +166,3 @@ def load_scaler_state(scaler: "torch.amp.GradScaler | None", checkpoint: str) ->
         )
         return
     scaler.load_state_dict(state)
-
-
-class LossScaleMonitor:
-    """
-    Tracks the optimizer updates skipped by a `GradScaler` because of overflowing gradients.
-
-    `GradScaler.update()` resets its growth tracker to 0 and multiplies the scale by `backoff_factor` (< 1) after a
-    skipped update; after an applied one, it counts the tracker up, or resets it to 0 and multiplies the scale by
-    `growth_factor` (> 1). So an update was skipped exactly when the tracker is 0 and the scale did not grow. This holds
-    for every optimizer, including fused ones (`adamw_torch_fused`) that receive the overflow flag and skip the update
-    themselves, which `accelerator.optimizer_step_was_skipped` does not see, and still holds once the scale has
-    underflowed to 0.
-
-    Args:
-        scaler (`torch.amp.GradScaler`, *optional*):
-            The scaler of this run. Without an enabled scaler, only the skips reported by the accelerator count.
-    """
-
-    def __init__(self, scaler: "torch.amp.GradScaler | None"):
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self.consecutive_skipped_updates = 0
-        self._scale_before_step = None
-
-    def before_optimizer_step(self) -> None:
-        """Records the loss scale before the optimizer step, on device, without synchronizing."""
-        if self.scaler is not None and self.scaler._scale is not None:
-            self._scale_before_step = self.scaler._scale.detach().clone()
-
-    def optimizer_step_was_skipped(self, state, accelerator_step_was_skipped: bool) -> bool:
-        """
-        Returns whether the optimizer step that just ran skipped its update, and counts it in
-        `state.num_skipped_updates`. Reads the scaler only when the accelerator did not already report the skip.
-        """
-        skipped = accelerator_step_was_skipped
-        if not skipped and self._scale_before_step is not None:
-            skipped = bool((self.scaler._growth_tracker == 0) & (self.scaler._scale <= self._scale_before_step))
-        self._scale_before_step = None
-        if not skipped:
-            self.consecutive_skipped_updates = 0
-            return False
-        state.num_skipped_updates += 1
-        self.consecutive_skipped_updates += 1
-        if self.consecutive_skipped_updates % CONSECUTIVE_SKIPPED_UPDATES_WARNING_INTERVAL == 0:
-            scale = f" (loss scale now {self.scaler.get_scale()})" if self.scaler is not None else ""
-            logger.warning(
-                f"The last {self.consecutive_skipped_updates} optimizer updates were all skipped because the "
-                f"gradients overflowed{scale}; the learning rate schedule does not advance on skipped updates. "
-                "If this goes on, the loss or gradients are likely inf/NaN: check `loss` and `grad_norm` in the logs."
-            )
-        return True
-
-    def log_values(self, state) -> dict[str, float]:
-        """Returns the loss scale and the number of skipped updates to log, or nothing without a scaler."""
-        if self.scaler is None:
-            return {}
-        return {"loss_scale": self.scaler.get_scale(), "num_skipped_updates": state.num_skipped_updates}
