@@ -147,7 +147,7 @@ def isolated_environ() -> dict[str, str]:
     return {**snapshot_environ(), **ISOLATION_ENV}
 
 
-def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42):
+def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42, num_threads: int | None = None):
     """
     Decorator running a test in a fresh process forked from a server that has imported torch and transformers, with a
     pristine environment and full determinism enabled. See the documentation of this module for the details.
@@ -162,9 +162,13 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
             Seconds after which the child and its process group are killed and the test fails.
         seed (`int`, *optional*, defaults to 42):
             The seed given to [`~trainer_utils.enable_full_determinism`] before the test runs.
+        num_threads (`int`, *optional*):
+            The number of threads torch uses in the child (`torch.set_num_threads`). By default, torch's default for
+            a new process, which is one thread per core: several `pytest-xdist` workers then compete for the cores,
+            and tests of tiny models are fastest with `num_threads=1`.
     """
     if func is None:
-        return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed)
+        return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed, num_threads=num_threads)
 
     # Applied in a class body (the frame calling this decorator): the class runs its fixtures in the child only.
     namespace = sys._getframe(1).f_locals
@@ -179,7 +183,7 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
             return func(*args, **kwargs)
         __tracebackhide__ = True
         name = _test_name(func, args)
-        request = _make_request(func, args, kwargs, seed, name)
+        request = _make_request(func, args, kwargs, name, seed=seed, num_threads=num_threads)
         _replay(_run_in_child(request, timeout, name), name, timeout)
 
     wrapper._fresh_process_body = func
@@ -229,7 +233,7 @@ def _test_name(func, args):
     return f"{func.__module__}.{func.__qualname__}"
 
 
-def _make_request(func, args, kwargs, seed, name):
+def _make_request(func, args, kwargs, name, **settings):
     """Describes the test so that the child can find it: by module and attribute names, not by pickling it."""
     testcase = args[0] if args and isinstance(args[0], unittest.TestCase) else None
     if testcase is None:
@@ -263,7 +267,7 @@ def _make_request(func, args, kwargs, seed, name):
         "environ": environ,
         "sys_path": list(sys.path),
         "cwd": os.getcwd(),
-        "seed": seed,
+        **settings,
     }
 
 
@@ -746,6 +750,10 @@ def _run_test(request):
 
     enable_full_determinism(request["seed"])
     os.environ.update(ISOLATION_ENV)
+    if request["num_threads"] is not None:
+        import torch
+
+        torch.set_num_threads(request["num_threads"])
 
     if request["testcase_class"] is None:
         _find_body(module, request["attribute"])(*args, **kwargs)
