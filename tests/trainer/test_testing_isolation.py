@@ -326,6 +326,7 @@ def _is_running(pid):
 
 # Run as a script by `test_child_dies_with_the_pytest_process`, standing for a pytest process.
 PARENT_SCRIPT = """
+import multiprocessing
 import os
 import sys
 import time
@@ -334,6 +335,9 @@ from transformers.testing_isolation import run_test_in_fresh_process
 
 
 def sleeps(record_file):
+    # A pool makes a `pymp-*` folder in the temporary folder, and processes in the child's group.
+    pool = multiprocessing.get_context("forkserver").Pool(1)
+    pool.apply(os.getpid)
     with open(record_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(record_file + ".tmp", record_file)
@@ -510,12 +514,18 @@ class OutcomeTest(TestCasePlus):
 
     @unittest.skipUnless(sys.platform.startswith("linux"), "PR_SET_PDEATHSIG is Linux only")
     def test_child_dies_with_the_pytest_process(self):
-        """A parent killed with `SIGKILL` (no `finally` runs) takes its server and child with it (~5 s)."""
+        """
+        A parent killed with `SIGKILL` (no `finally` runs) takes its server and child with it, and leaves nothing in
+        its temporary folder (~5 s).
+        """
         tmp_dir = self.get_auto_remove_tmp_dir()
         script, record_file = os.path.join(tmp_dir, "parent.py"), os.path.join(tmp_dir, "record")
+        parent_tmp_dir = os.path.join(tmp_dir, "tmp")
+        os.mkdir(parent_tmp_dir)
         with open(script, "w", encoding="utf-8") as f:
             f.write(textwrap.dedent(PARENT_SCRIPT))
-        parent = subprocess.Popen([sys.executable, script, record_file], cwd=tmp_dir, env=isolated_environ())
+        environ = {**isolated_environ(), "TMPDIR": parent_tmp_dir}
+        parent = subprocess.Popen([sys.executable, script, record_file], cwd=tmp_dir, env=environ)
         try:
             deadline = time.monotonic() + 120
             while not os.path.exists(record_file) and parent.poll() is None and time.monotonic() < deadline:
@@ -533,6 +543,9 @@ class OutcomeTest(TestCasePlus):
         for pid in left_running:  # do not leave them behind when the test fails
             os.kill(pid, signal.SIGKILL)
         self.assertFalse(left_running, "the child or its server survived the parent")
+        # torch's own cache folder (`torchinductor_<user>`), made on import, is there whether tests run isolated or not.
+        left = [name for name in os.listdir(parent_tmp_dir) if not name.startswith("torchinductor_")]
+        self.assertEqual(left, [], "the workdir of the child (fresh_process_*) or its pool's pymp-* folder was left")
 
     def test_local_function_is_refused(self):
         def local_test():
