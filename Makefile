@@ -1,6 +1,7 @@
 # Workbench for our transformers fork. See utils/fork.py for what each step does.
 #   make fork      venv + pinned tools + build/transformers (pristine sdist + overlay + patches), editable install
-#   make test      make fork, check the patch series (like CI: stale or non-applying patches fail), then all tests
+#   make test      make fork, check the patch series (like CI: stale or non-applying patches fail), then all tests,
+#                  then the harness and resume tests again under upstream's pytest pins and plugins (utils/upstream_pins.py)
 #   make patches   export the fork's commits back into the overlay and patches/transformers/
 #   make check     the series applies to the pinned sdist, is exported, and every patch is described
 #   make pr        dist/: a `git am` series for the pristine sdist + PR_DESCRIPTION.md
@@ -34,6 +35,7 @@ fork: deps
 test: fork
 	$(VPY) $(FORK) check
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
+	$(VPY) utils/upstream_pins.py
 
 repro: fork
 	$(VPY) utils/repro.py
