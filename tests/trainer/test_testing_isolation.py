@@ -24,6 +24,7 @@ process first, so that every worker checks isolation from a poisoned parent.
 import contextlib
 import ctypes
 import functools
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -842,3 +843,100 @@ class PytestReportTest(TestCasePlus):
         }
         self.assertEqual(outcomes, expected, run.stdout)
         self.assertIn("skipped below", run.stdout)
+
+
+PLUGIN_EXAMPLE_TESTS = """
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from transformers.testing_isolation import run_test_in_fresh_process
+
+
+RECORDS = os.environ["ISOLATION_EXAMPLE_RECORDS"]
+
+
+def record(name):
+    grandchild = subprocess.Popen(["sleep", "600"])
+    path = os.path.join(RECORDS, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump([os.getpid(), grandchild.pid], f)
+    os.replace(path + ".tmp", path)
+
+
+# First: the server starts in this test, which pytest-timeout would count in the test's time.
+@pytest.mark.flaky(reruns=1)
+@run_test_in_fresh_process
+def test_1_passes_on_rerun():
+    marker = os.path.join(RECORDS, "first_try")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        assert False, "fails the first time"
+
+
+@pytest.mark.timeout(10)
+@run_test_in_fresh_process
+def test_2_times_out():
+    record("timeout")
+    time.sleep(600)
+
+
+@run_test_in_fresh_process
+def test_3_interrupted():
+    record("interrupt")
+    time.sleep(600)
+"""
+
+
+@unittest.skipUnless(
+    importlib.util.find_spec("pytest_timeout") and importlib.util.find_spec("pytest_rerunfailures"),
+    "needs pytest-timeout and pytest-rerunfailures (upstream's test extras; `utils/upstream_pins.py` installs them)",
+)
+class PytestPluginsTest(TestCasePlus):
+    def test_timeout_rerun_and_interrupt(self):
+        """
+        Under upstream's plugins: a pytest-timeout expiry fails the test, a pytest-rerunfailures rerun runs a new child,
+        a Ctrl-C stops the session; every child and what it started is gone, nothing is left in the temporary folder.
+        """
+        tmp_dir = self.get_auto_remove_tmp_dir()
+        records, pytest_tmp_dir = os.path.join(tmp_dir, "records"), os.path.join(tmp_dir, "tmp")
+        os.mkdir(records)
+        os.mkdir(pytest_tmp_dir)
+        with open(os.path.join(tmp_dir, "test_plugins_example.py"), "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent(PLUGIN_EXAMPLE_TESTS))
+        environ = {**isolated_environ(), "ISOLATION_EXAMPLE_RECORDS": records, "TMPDIR": pytest_tmp_dir}
+        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:random_order", tmp_dir]
+        with open(os.path.join(tmp_dir, "output.txt"), "w+", encoding="utf-8") as output:
+            session = subprocess.Popen(command, cwd=tmp_dir, env=environ, stdout=output, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 300
+                while not os.path.exists(os.path.join(records, "interrupt")) and time.monotonic() < deadline:
+                    self.assertIsNone(session.poll(), "pytest ended before the last test started")
+                    time.sleep(0.1)
+                session.send_signal(signal.SIGINT)
+                session.wait(60)
+            finally:
+                if session.poll() is None:
+                    session.kill()
+                    session.wait()
+            output.seek(0)
+            report = output.read()
+        self.assertEqual(session.returncode, 2, report)  # interrupted
+        self.assertIn("KeyboardInterrupt", report)
+        outcomes = re.findall(r"::(test_\w+) (PASSED|FAILED|RERUN)", report)
+        expected = [("test_1_passes_on_rerun", "RERUN"), ("test_1_passes_on_rerun", "PASSED")]
+        self.assertEqual(outcomes, expected + [("test_2_times_out", "FAILED")], report)
+        self.assertIn("Timeout", report)
+        pids = []
+        for name in ("timeout", "interrupt"):
+            with open(os.path.join(records, name), encoding="utf-8") as f:
+                pids += json.load(f)
+        deadline = time.monotonic() + 10
+        while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([pid for pid in pids if _is_running(pid)], [])
+        left = [name for name in os.listdir(pytest_tmp_dir) if not name.startswith("torchinductor_")]
+        self.assertEqual(left, [])
