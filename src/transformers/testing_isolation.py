@@ -88,7 +88,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 import unittest
 import warnings
@@ -487,7 +486,10 @@ def _run_in_child(request, timeout, name):
 
 
 def _read_output(workdir):
-    with contextlib.suppress(OSError), open(os.path.join(workdir, _OUTPUT_FILE), encoding="utf-8", errors="replace") as f:
+    with (
+        contextlib.suppress(OSError),
+        open(os.path.join(workdir, _OUTPUT_FILE), encoding="utf-8", errors="replace") as f,
+    ):
         return f.read()
     return ""
 
@@ -669,7 +671,9 @@ def _warm_up_kernels(torch, tmp_dir):
             hidden = layer_norm(embedding(tokens))
             query, key, value = attention(hidden).view(2, length, 3, heads, -1).permute(2, 0, 3, 1, 4)
             attended = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
-            hidden = hidden + torch.nn.functional.gelu(attended.transpose(1, 2).reshape(hidden.shape), approximate="tanh")
+            hidden = hidden + torch.nn.functional.gelu(
+                attended.transpose(1, 2).reshape(hidden.shape), approximate="tanh"
+            )
             logits = head(layer_norm(hidden))
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab_size), tokens.view(-1))
         scaler.scale(loss).backward()
