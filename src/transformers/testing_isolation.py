@@ -386,7 +386,10 @@ class _Server:
 
     def run(self, request, timeout):
         """Runs one test; returns `(timed_out, exit code of the child)`. Raises `_ServerDied` if the server died."""
-        _send(self.requests, ("run", request))
+        try:
+            _send(self.requests, ("run", request))
+        except OSError:  # the server is gone
+            raise _ServerDied from None
         message = self.receive(_KILL_GRACE)
         if message is None:
             raise _ServerDied
@@ -584,7 +587,8 @@ def _wait_for_child(pid, requests):
     parent_gone = False
     try:
         while True:
-            ready, _, _ = select.select([requests] + ([pidfd] if pidfd is not None else []), [], [], 0.05)
+            waited = [requests] if pidfd is None else [requests, pidfd]
+            ready, _, _ = select.select(waited, [], [], 0.05 if pidfd is None else None)
             if requests in ready:
                 message = _receive(requests)
                 parent_gone = message is None
