@@ -78,6 +78,7 @@ body changes is not seen by the parent. Needs `os.fork` (POSIX); only Linux is t
 
 import contextlib
 import functools
+import inspect
 import os
 import pickle
 import select
@@ -169,8 +170,11 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
     if func is None:
         return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed, num_threads=num_threads)
 
-    # Applied in a class body (the frame calling this decorator): the class runs its fixtures in the child only.
-    namespace = sys._getframe(1).f_locals
+    # Applied in a class body (the frame calling this decorator, as `parameterized.expand` finds it): the class runs its
+    # fixtures in the child only. Without frame introspection, fixtures would also run in the parent.
+    frame = inspect.currentframe()
+    namespace = frame.f_back.f_locals if frame is not None and frame.f_back is not None else {}
+    del frame
     if "__module__" in namespace and "__qualname__" in namespace:
         namespace.setdefault("_fresh_process_fixtures", _FixturesInTheChild())
 
@@ -201,10 +205,14 @@ class _FixturesInTheChild:
     """
 
     def __set_name__(self, owner, name):
+        if not issubclass(owner, unittest.TestCase):  # a pytest-style class: pytest runs its fixtures
+            return
         for fixture in ("setUp", "tearDown"):
             setattr(owner, fixture, self._per_test(getattr(owner, fixture)))
         for fixture in ("setUpClass", "tearDownClass"):
-            setattr(owner, fixture, self._per_class(getattr(owner, fixture).__func__))
+            function = getattr(getattr(owner, fixture), "__func__", None)
+            if function is not None:  # a class method, as `unittest` expects
+                setattr(owner, fixture, self._per_class(function))
 
     @staticmethod
     def _per_test(fixture):
@@ -351,7 +359,10 @@ class _Server:
         finally:
             os.close(request_read)
             os.close(response_write)
-        message = self.receive(_SERVER_STARTUP_TIMEOUT)
+        try:
+            message = self.receive(_SERVER_STARTUP_TIMEOUT)
+        except _ServerDied:
+            message = None
         if message is None or message[0] != "ready":
             detail = message[1] if message is not None and message[0] == "error" else self.output()
             self.close()
@@ -455,18 +466,20 @@ def _run_in_child(request, timeout, name):
     """
     if not hasattr(os, "fork"):
         raise unittest.SkipTest("`run_test_in_fresh_process` needs `os.fork`, which this platform does not have.")
-    workdir = tempfile.mkdtemp(prefix="fresh_process_")
-    try:
-        # The child's temporary files go to the workdir, removed even when the child dies before its `tearDown`.
-        tmpdir = os.path.join(workdir, "tmp")
-        os.mkdir(tmpdir)
-        request = {**request, "workdir": workdir, "environ": {**request["environ"], "TMPDIR": tmpdir}}
-        open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
-        with _server_lock:
-            try:
-                server = _get_server()
-            except RuntimeError as error:
-                raise FreshProcessTestFailure(f"{name}: {error}") from None
+    with _server_lock:
+        # The server first: if this process is killed while the server starts, no workdir is left behind. Once the
+        # server has the request, it removes the workdir if this process dies.
+        try:
+            server = _get_server()
+        except RuntimeError as error:
+            raise FreshProcessTestFailure(f"{name}: {error}") from None
+        workdir = tempfile.mkdtemp(prefix="fresh_process_")
+        try:
+            # The child's temporary files go to the workdir, removed even when the child dies before its `tearDown`.
+            tmpdir = os.path.join(workdir, "tmp")
+            os.mkdir(tmpdir)
+            request = {**request, "workdir": workdir, "environ": {**request["environ"], "TMPDIR": tmpdir}}
+            open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
             try:
                 timed_out, exitcode = server.run(request, timeout)
             except _ServerDied:
@@ -477,14 +490,14 @@ def _run_in_child(request, timeout, name):
                     f"{name}: the test server (pid {server.process.pid}) {death} while running this test, which "
                     f"did not finish; the next test gets a new server.{_format_output(output)}"
                 ) from None
-        output = _read_output(workdir)
-        result_path = os.path.join(workdir, _RESULT_FILE)
-        result = None
-        if os.path.exists(result_path):
-            with open(result_path, "rb") as f:
-                result = pickle.load(f)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+            output = _read_output(workdir)
+            result_path = os.path.join(workdir, _RESULT_FILE)
+            result = None
+            if os.path.exists(result_path):
+                with open(result_path, "rb") as f:
+                    result = pickle.load(f)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     return result, timed_out, exitcode, output
 
 

@@ -908,7 +908,14 @@ class PytestPluginsTest(TestCasePlus):
         with open(os.path.join(tmp_dir, "test_plugins_example.py"), "w", encoding="utf-8") as f:
             f.write(textwrap.dedent(PLUGIN_EXAMPLE_TESTS))
         environ = {**isolated_environ(), "ISOLATION_EXAMPLE_RECORDS": records, "TMPDIR": pytest_tmp_dir}
-        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:random_order", tmp_dir]
+        # Under `pytest-xdist` this test runs in a worker that ignores SIGINT, which a subprocess would inherit.
+        command = [
+            sys.executable,
+            "-c",
+            "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.exit(pytest.main(sys.argv[1:]))",
+            *["-v", "-p", "no:cacheprovider", "-p", "no:random_order", tmp_dir],
+        ]
         with open(os.path.join(tmp_dir, "output.txt"), "w+", encoding="utf-8") as output:
             session = subprocess.Popen(command, cwd=tmp_dir, env=environ, stdout=output, stderr=subprocess.STDOUT)
             try:
