@@ -246,5 +246,5 @@ def main():
     print_table(results)
 
 
-if __name__ == "__main__":  # required: children of the forkserver import this file as `__mp_main__`
+if __name__ == "__main__":  # children import a script from its file, without running this block
     main()
