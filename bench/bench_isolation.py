@@ -12,7 +12,14 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-Per-test cost of four ways of running the same test body, from one run:
+Per-test cost of ways of running the same test body, from one run.
+
+With `--parity`: the fp16 resume parity test of `tests/trainer/test_trainer_resume_fp16.py` (a tiny GPT-2, one
+uninterrupted fp16 Trainer run and three resumed ones), run through `unittest` alternately in process (warm: after a
+first run in this process) and with `run_test_in_fresh_process` (its server started beforehand), both on one torch
+thread as the test asks; the ratio of the medians is the cost of a fresh process for that test.
+
+Without it, four ways of running a small body:
 
 - `in_process`: the body is called directly (the baseline);
 - `fresh_process`: `transformers.testing_isolation.run_test_in_fresh_process`, server already started (its start-up,
@@ -24,6 +31,7 @@ Usage:
 
 ```bash
 python bench/bench_isolation.py [--repeats 50] [--subprocess-repeats 3] [--trainer] [--out results.json]
+python bench/bench_isolation.py --parity [--repeats 7] [--out results.json]
 ```
 
 Prints JSON to stdout and a table to stderr. Times are wall-clock seconds per test; `overhead` subtracts `in_process`.
@@ -32,11 +40,13 @@ Prints JSON to stdout and a table to stderr. Times are wall-clock seconds per te
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import unittest
 
 
 BODIES = """
@@ -121,6 +131,50 @@ def measure(body_name, directory, repeats, subprocess_repeats):
     }
 
 
+PARITY_TEST = "test_resume_matches_uninterrupted_run_0_adamw_torch"
+
+
+def measure_parity(repeats):
+    """Times the parity test in process and in a fresh process, alternately; returns the JSON-able results."""
+    import torch
+
+    import transformers.testing_isolation as isolation
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "trainer"))
+    from test_trainer_resume_fp16 import TrainerResumeFp16ParityTest
+
+    torch.set_num_threads(1)  # what the test's `run_test_in_fresh_process(num_threads=1)` gives its child
+
+    def run(in_process):
+        isolation._in_fresh_process = in_process  # in process, the decorator calls the test directly
+        result = unittest.TestResult()
+        start = time.perf_counter()
+        try:
+            unittest.TestSuite([TrainerResumeFp16ParityTest(PARITY_TEST)]).run(result)
+        finally:
+            isolation._in_fresh_process = False
+        assert result.wasSuccessful() and result.testsRun == 1, result.errors + result.failures
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    first = {"fresh_process": run(False)}  # includes the server start-up
+    first["server_startup_and_first_test_seconds"] = time.perf_counter() - start
+    first["in_process"] = run(True)  # cold: the first Trainer runs of this process
+    times = {"in_process": [], "fresh_process": []}
+    for _ in range(repeats):
+        times["in_process"].append(run(True))
+        times["fresh_process"].append(run(False))
+    medians = {mode: statistics.median(values) for mode, values in times.items()}
+    return {
+        "test": f"TrainerResumeFp16ParityTest.{PARITY_TEST}",
+        "repeats": repeats,
+        "first_runs_seconds": first,
+        "seconds": times,
+        "median_seconds": medians,
+        "ratio_fresh_to_in_process": medians["fresh_process"] / medians["in_process"],
+    }
+
+
 def print_table(results):
     print(f"fresh_process server start-up (first call): {results['server_startup_seconds']:.2f} s", file=sys.stderr)
     header = (
@@ -143,8 +197,27 @@ def main():
     parser.add_argument("--repeats", type=int, default=50, help="Calls timed in process and in fresh processes.")
     parser.add_argument("--subprocess-repeats", type=int, default=3, help="Calls timed for the two subprocess modes.")
     parser.add_argument("--trainer", action="store_true", help="Also time a 5-step Trainer run on a tiny model.")
+    parser.add_argument("--parity", action="store_true", help="Time the fp16 parity test instead (see above).")
     parser.add_argument("--out", help="Also write the JSON results to this file.")
     args = parser.parse_args()
+
+    if args.parity:
+        results = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "cpu_count": os.cpu_count()}
+        results["load_average_before"] = os.getloadavg()
+        results["parity"] = measure_parity(args.repeats if args.repeats != 50 else 7)
+        results["load_average_after"] = os.getloadavg()
+        print(json.dumps(results, indent=2))
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=2)
+        parity = results["parity"]
+        print(
+            f"parity test: in process {parity['median_seconds']['in_process']:.3f} s, fresh process "
+            f"{parity['median_seconds']['fresh_process']:.3f} s (medians of {parity['repeats']}), ratio "
+            f"{parity['ratio_fresh_to_in_process']:.3f}",
+            file=sys.stderr,
+        )
+        return
 
     with tempfile.TemporaryDirectory(prefix="bench_isolation_") as directory:
         with open(os.path.join(directory, f"{MODULE}.py"), "w", encoding="utf-8") as f:
@@ -173,5 +246,5 @@ def main():
     print_table(results)
 
 
-if __name__ == "__main__":  # required: children of the forkserver import this file as `__mp_main__`
+if __name__ == "__main__":  # children import a script from its file, without running this block
     main()

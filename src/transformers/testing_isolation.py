@@ -43,29 +43,29 @@ def test_plain_function(tmp_path):
 
 How it works:
 
-- Each pytest process (each `pytest-xdist` worker too) lazily starts one server, the `multiprocessing` forkserver, the
-  first time a decorated test runs. The server imports torch, `transformers` and `transformers.trainer`, and nothing
-  else happens in it: it never runs a test and never initializes CUDA. It is started with the environment of
-  [`isolated_environ`]: the environment captured by [`snapshot_environ`] plus [`ISOLATION_ENV`]
-  (`CUBLAS_WORKSPACE_CONFIG=:4096:8` and `PYTHONHASHSEED=0`, which Python only reads at start-up).
-- Each test runs in a child forked from that server. The child puts itself in its own process group, resets
-  `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR` of its own that
-  the parent removes afterwards, so that temporary files are removed even when the child dies before its `tearDown`),
-  imports the test module, calls [`~trainer_utils.enable_full_determinism`] with `seed` (which also exports a few
-  variables, like `CUDA_LAUNCH_BLOCKING`; the values of [`ISOLATION_ENV`] are kept) and runs the test: for a
-  `unittest.TestCase` method, a new instance of the class runs `setUpModule`, `setUpClass`, `setUp`, the test,
-  `tearDown`, the cleanups, `tearDownClass` and `tearDownModule`, through `unittest` itself; a plain function is simply
-  called. Arguments (the parameters of `parameterized.expand`, pytest fixtures values) are pickled from the parent.
-- The outcome is replayed in the parent: a pass passes, a failure raises [`FreshProcessTestFailure`] with the
-  traceback of the child, a skip (`unittest.SkipTest`, `pytest.skip`) skips with the same reason, `pytest.xfail`
-  xfails. `unittest.expectedFailure` is applied once, by the parent's runner, to the outcome of the child: a failing
-  body is an expected failure, a passing one an unexpected success. A child killed by a signal, or still running after
-  `timeout` seconds, fails the test. What the child wrote to its stdout and stderr (file descriptors 1 and 2) is
-  printed in the parent, where pytest captures it, and is added to the failure message.
-- Processes are cleaned up: on timeout, or when the parent is interrupted (a Ctrl-C does not reach the child's process
-  group), the parent kills the child's whole process group; a child that finishes kills its own process group, and
-  with it whatever the test left running; on Linux, the child (not what it started) is killed if the server dies,
-  which it does with the pytest process.
+- Each pytest process (each `pytest-xdist` worker too) starts its own test server the first time a decorated test
+  runs: a new Python interpreter (`subprocess`), started with the environment of [`isolated_environ`], that imports
+  torch and transformers, warms up (see [`PRELOADED_MODULES`] and `_warm_up`), then waits for requests on a pipe that
+  only this pytest process holds. Nothing else in the process can reach it or replace it: `multiprocessing` start
+  methods, DataLoader workers or a forkserver started by other tests do not affect it. It never runs a test and never
+  initializes CUDA, and it exits when the pytest process is gone (its request pipe closes).
+- Each test runs in a child the server forks. The child puts itself in its own process group, dies with the server
+  (Linux), resets `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR`
+  of its own), takes the parent's `sys.path` and working directory, imports the test module, calls
+  [`~trainer_utils.enable_full_determinism`] with `seed` and runs the test: for a `unittest.TestCase` method, a new
+  instance of the class runs `setUpModule`, `setUpClass`, `setUp`, the test, `tearDown`, the cleanups,
+  `tearDownClass` and `tearDownModule` through `unittest` itself; a plain function is simply called. Arguments (the
+  parameters of `parameterized.expand`, pytest fixture values) are pickled from the parent.
+- In the parent, `setUp`, `tearDown` (and `setUpClass`, `tearDownClass` when every test of the class runs in a fresh
+  process) are skipped for decorated tests: they run once, in the child. Module fixtures still run in the parent.
+- The outcome is replayed in the parent: a pass passes, a failure (subtests included) raises
+  [`FreshProcessTestFailure`] with the traceback of the child, a skip skips with the same reason, `pytest.xfail`
+  xfails. `unittest.expectedFailure` is applied once, by the parent's runner. A child killed by a signal, one that
+  exits without reporting, one still running after `timeout` seconds, or a server that died, fail the test with a
+  message naming the test and the cause; the next test gets a new server if needed.
+- Processes are cleaned up: when the child is gone, its whole process group is killed (by the server, which has not
+  reaped the child yet, so the group id cannot have been reused); on timeout, or when the parent is interrupted, the
+  parent asks the server to kill the group at once.
 
 Decorator order: `parameterized.expand` goes above this decorator, `mock.patch` below it (its mocks are made in the
 child). `unittest.skip`, `skipIf`, `skipUnless`, `expectedFailure` and pytest marks work on either side, and on the
@@ -73,21 +73,25 @@ class: the parent's runner applies them, and a skipped test starts no child.
 
 Limitations: the test body cannot use objects that live only in the parent (pytest fixtures such as `caplog`,
 `capsys` or `monkeypatch`, mocks passed by an outer `mock.patch` decorator): arguments must be picklable, and state the
-body changes is not seen by the parent. Fixtures run twice, once in the parent and once in the child: `setUpModule`,
-`setUpClass` and `setUp`, and their tear-downs. Where the platform has no forkserver, children are spawned instead,
-which re-imports torch for every test. Process groups, signals and timeouts are POSIX features; only Linux is tested.
+body changes is not seen by the parent. Needs `os.fork` (POSIX); only Linux is tested.
 """
 
 import contextlib
 import functools
-import multiprocessing
+import inspect
 import os
 import pickle
+import select
+import shutil
 import signal
+import struct
+import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 import unittest
+import warnings
 
 from .utils import logging
 
@@ -97,18 +101,24 @@ logger = logging.get_logger(__name__)
 ISOLATION_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
 """Environment variables set for the server and for every test child on top of [`snapshot_environ`]."""
 
-# Imported once by the server, so that children start with them already imported; every child checks they are.
 PRELOADED_MODULES = ("torch", "transformers", "transformers.trainer", "transformers.testing_isolation")
-# Also preloaded where installed. Not `transformers.testing_utils`: it calls `torch.cuda.is_available()` on import.
-_OPTIONAL_PRELOADED_MODULES = ("pytest",)
+"""Modules the server imports before it forks any child."""
+# Also imported by the server where installed. `transformers.testing_utils` calls `torch.cuda.is_available()` on
+# import, which starts the CUDA driver: it is only preloaded when torch is built without CUDA.
+_OPTIONAL_PRELOADED_MODULES = ("pytest", "parameterized", "accelerate", "safetensors.torch")
+_CPU_ONLY_PRELOADED_MODULES = ("transformers.testing_utils",)
 
 # Set by pytest for the test being run: taken from the parent when a test starts, never from the snapshot.
 _PER_TEST_VARIABLE = "PYTEST_CURRENT_TEST"
 _OUTPUT_FILE = "output.txt"
 _RESULT_FILE = "result.pickle"
+_SERVER_STARTUP_TIMEOUT = 600
+# How long the parent waits for the server to report a child it asked to kill before it kills the server itself.
+_KILL_GRACE = 30
 
 _environ_snapshot = None
-_context = None
+_server = None
+_server_lock = threading.Lock()
 _in_fresh_process = False
 
 
@@ -120,9 +130,8 @@ def snapshot_environ() -> dict[str, str]:
     """
     Returns the environment the tests of this process are meant to see.
 
-    The snapshot of `os.environ` is taken the first time this function is called, which is when this module is first
-    imported (during pytest's collection), before any test could change the environment. `PYTEST_CURRENT_TEST` is left
-    out of it.
+    The snapshot of `os.environ` is taken when this module is first imported (during pytest's collection), before any
+    test could change the environment. `PYTEST_CURRENT_TEST` is left out of it.
     """
     global _environ_snapshot
     if _environ_snapshot is None:
@@ -138,7 +147,7 @@ def isolated_environ() -> dict[str, str]:
     return {**snapshot_environ(), **ISOLATION_ENV}
 
 
-def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42):
+def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42, num_threads: int | None = None):
     """
     Decorator running a test in a fresh process forked from a server that has imported torch and transformers, with a
     pristine environment and full determinism enabled. See the documentation of this module for the details.
@@ -153,9 +162,21 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
             Seconds after which the child and its process group are killed and the test fails.
         seed (`int`, *optional*, defaults to 42):
             The seed given to [`~trainer_utils.enable_full_determinism`] before the test runs.
+        num_threads (`int`, *optional*):
+            The number of threads torch uses in the child (`torch.set_num_threads`). By default, torch's default for
+            a new process, which is one thread per core: several `pytest-xdist` workers then compete for the cores,
+            and tests of tiny models are fastest with `num_threads=1`.
     """
     if func is None:
-        return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed)
+        return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed, num_threads=num_threads)
+
+    # Applied in a class body (the frame calling this decorator, as `parameterized.expand` finds it): the class runs its
+    # fixtures in the child only. Without frame introspection, fixtures would also run in the parent.
+    frame = inspect.currentframe()
+    namespace = frame.f_back.f_locals if frame is not None and frame.f_back is not None else {}
+    del frame
+    if "__module__" in namespace and "__qualname__" in namespace:
+        namespace.setdefault("_fresh_process_fixtures", _FixturesInTheChild())
 
     # `functools.wraps` also copies `func.__dict__`: the markers of decorators placed below this one (`unittest.skip`,
     # `unittest.expectedFailure`, pytest marks) reach the runner of the parent, which applies them.
@@ -163,14 +184,63 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
     def wrapper(*args, **kwargs):
         if _in_fresh_process:
             return func(*args, **kwargs)
-        request = _make_request(func, args, kwargs, seed)
-        _replay(_run_in_child(request, timeout), func.__qualname__, timeout)
+        __tracebackhide__ = True
+        name = _test_name(func, args)
+        request = _make_request(func, args, kwargs, name, seed=seed, num_threads=num_threads)
+        _replay(_run_in_child(request, timeout, name), name, timeout)
 
     wrapper._fresh_process_body = func
     return wrapper
 
 
-def _make_request(func, args, kwargs, seed):
+def _runs_in_fresh_process(test) -> bool:
+    return getattr(test, "_fresh_process_body", None) is not None
+
+
+class _FixturesInTheChild:
+    """
+    Put in the body of a class with decorated tests; when the class is created, wraps its fixtures so that, in the
+    parent, `setUp` and `tearDown` are skipped for decorated tests, and `setUpClass` and `tearDownClass` when every test
+    of the class is decorated. The child, which runs the test through `unittest`, runs them.
+    """
+
+    def __set_name__(self, owner, name):
+        if not issubclass(owner, unittest.TestCase):  # a pytest-style class: pytest runs its fixtures
+            return
+        for fixture in ("setUp", "tearDown"):
+            setattr(owner, fixture, self._per_test(getattr(owner, fixture)))
+        for fixture in ("setUpClass", "tearDownClass"):
+            function = getattr(getattr(owner, fixture), "__func__", None)
+            if function is not None:  # a class method, as `unittest` expects
+                setattr(owner, fixture, self._per_class(function))
+
+    @staticmethod
+    def _per_test(fixture):
+        @functools.wraps(fixture)
+        def guarded(self):
+            if _in_fresh_process or not _runs_in_fresh_process(getattr(self, self._testMethodName, None)):
+                fixture(self)
+
+        return guarded
+
+    @staticmethod
+    def _per_class(fixture):
+        @functools.wraps(fixture)
+        def guarded(cls):
+            names = unittest.defaultTestLoader.getTestCaseNames(cls)
+            if _in_fresh_process or not all(_runs_in_fresh_process(getattr(cls, name)) for name in names):
+                fixture(cls)
+
+        return classmethod(guarded)
+
+
+def _test_name(func, args):
+    if args and isinstance(args[0], unittest.TestCase):
+        return args[0].id()
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def _make_request(func, args, kwargs, name, **settings):
     """Describes the test so that the child can find it: by module and attribute names, not by pickling it."""
     testcase = args[0] if args and isinstance(args[0], unittest.TestCase) else None
     if testcase is None:
@@ -179,12 +249,19 @@ def _make_request(func, args, kwargs, seed):
         module, scope, candidates = sys.modules[type(testcase).__module__], type(testcase), [testcase._testMethodName]
         candidates.append(func.__name__)
         args = args[1:]
-    attribute = next((name for name in candidates if _find_body(scope or module, name) is func), None)
+    attribute = next((candidate for candidate in candidates if _find_body(scope or module, candidate) is func), None)
     if attribute is None:
-        raise TypeError(
-            f"`run_test_in_fresh_process` cannot find {func.__qualname__} again in a new process: decorate a "
+        raise FreshProcessTestFailure(
+            f"{name}: `run_test_in_fresh_process` cannot find {func.__qualname__} again in a new process: decorate a "
             "module-level function or a method of a `unittest.TestCase` (with `parameterized.expand` outermost)."
         )
+    try:
+        arguments = pickle.dumps((args, kwargs))
+    except Exception as error:
+        raise FreshProcessTestFailure(
+            f"{name}: the arguments of the test cannot be sent to a new process, they cannot be pickled ({error!r}). "
+            "Pass only picklable values (no pytest fixtures such as `caplog`, no mocks) or build them in the test."
+        ) from error
     environ = isolated_environ()
     if _PER_TEST_VARIABLE in os.environ:
         environ[_PER_TEST_VARIABLE] = os.environ[_PER_TEST_VARIABLE]
@@ -193,10 +270,11 @@ def _make_request(func, args, kwargs, seed):
         "testcase_class": scope.__qualname__ if scope is not None else None,
         "test_method": testcase._testMethodName if testcase is not None else None,
         "attribute": attribute,
-        "arguments": pickle.dumps((args, kwargs)),
+        "arguments": arguments,
         "environ": environ,
-        "seed": seed,
-        "preloaded": PRELOADED_MODULES if _get_context().get_start_method() == "forkserver" else (),
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        **settings,
     }
 
 
@@ -215,76 +293,221 @@ def _find_body(owner, attribute):
     return found if candidate is None else candidate._fresh_process_body
 
 
-def _get_context():
-    """The `multiprocessing` context children are started with: forkserver, or spawn where there is none."""
-    global _context
-    if _context is None:
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            _context = multiprocessing.get_context("forkserver")
-            _context.set_forkserver_preload([*PRELOADED_MODULES, *_OPTIONAL_PRELOADED_MODULES])
-        else:
-            logger.warning("No forkserver on this platform: tests run in fresh processes are spawned (slower).")
-            _context = multiprocessing.get_context("spawn")
-    return _context
+# Messages between the parent and its server: a pickled tuple behind its length.
+_HEADER = struct.Struct("!Q")
 
 
-@contextlib.contextmanager
-def _launch_environ():
+def _send(fd, message):
+    data = pickle.dumps(message)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd, size):
+    chunks = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _receive(fd):
+    """The next message, or `None` once the other side has closed the pipe."""
+    header = _read_exactly(fd, _HEADER.size)
+    data = None if header is None else _read_exactly(fd, _HEADER.unpack(header)[0])
+    return None if data is None else pickle.loads(data)
+
+
+class _ServerDied(Exception):
+    pass
+
+
+class _Server:
     """
-    Puts [`isolated_environ`] in `os.environ` while a process is launched: `multiprocessing` gives the server (started
-    by the first child) and spawned children the environment of the parent at that moment.
+    The test server of this process: a `subprocess` running [`_serve`], reached through two pipes that only this
+    process holds. Used by one test at a time.
     """
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(isolated_environ())
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+
+    def __init__(self):
+        self.owner = os.getpid()
+        request_read, self.requests = os.pipe()
+        self.responses, response_write = os.pipe()
+        self.stderr = tempfile.TemporaryFile()
+        command = [
+            sys.executable,
+            "-c",
+            "from transformers.testing_isolation import _serve; _serve()",
+            str(request_read),
+            str(response_write),
+        ]
+        try:
+            # A session of its own: a Ctrl-C in the terminal, or a test killing its process group, reaches the parent
+            # and its child, not the server.
+            self.process = subprocess.Popen(
+                command,
+                env=isolated_environ(),
+                pass_fds=(request_read, response_write),
+                stdin=subprocess.DEVNULL,
+                stdout=self.stderr,
+                stderr=self.stderr,
+                start_new_session=True,
+            )
+        finally:
+            os.close(request_read)
+            os.close(response_write)
+        try:
+            message = self.receive(_SERVER_STARTUP_TIMEOUT)
+        except _ServerDied:
+            message = None
+        if message is None or message[0] != "ready":
+            detail = message[1] if message is not None and message[0] == "error" else self.output()
+            self.close()
+            raise RuntimeError(f"The test server did not start: {detail}")
+
+    def output(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode("utf-8", errors="replace")
+
+    def receive(self, timeout=None):
+        """The next message from the server, `None` after `timeout` seconds; raises `_ServerDied` on end of file."""
+        ready, _, _ = select.select([self.responses], [], [], timeout)
+        if not ready:
+            return None
+        message = _receive(self.responses)
+        if message is None:
+            raise _ServerDied
+        return message
+
+    def death(self):
+        """Describes how the server ended (waiting a little for it to be gone)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        code = self.process.returncode
+        if code is None:
+            return "closed its pipe"
+        if code < 0:
+            return f"was killed by signal {signal.Signals(-code).name}" + (
+                " (out of memory?)" if code == -signal.SIGKILL else ""
+            )
+        return f"exited with code {code}"
+
+    def run(self, request, timeout):
+        """Runs one test; returns `(timed_out, exit code of the child)`. Raises `_ServerDied` if the server died."""
+        try:
+            _send(self.requests, ("run", request))
+        except OSError:  # the server is gone
+            raise _ServerDied from None
+        message = self.receive(_KILL_GRACE)
+        if message is None:
+            raise _ServerDied
+        self.child = message[1]
+        try:
+            message = self.receive(timeout)
+            timed_out = message is None
+            if timed_out:
+                message = self.kill_child()
+        except BaseException:  # interrupted (Ctrl-C, pytest-timeout): the child goes, the interruption goes on
+            with contextlib.suppress(Exception):
+                self.kill_child()
+            raise
+        return timed_out, message[2]
+
+    def kill_child(self):
+        """Has the server kill the child's process group; returns the server's report of the child's end."""
+        try:
+            _send(self.requests, ("kill",))
+            message = self.receive(_KILL_GRACE)
+        except (OSError, _ServerDied):
+            message = None
+        if message is None:  # the server does not answer: it goes, and the child with it
+            self.close()
+            raise _ServerDied
+        return message
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            os.close(self.requests)
+        with contextlib.suppress(OSError):
+            os.close(self.responses)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.stderr.close()
 
 
-def _run_in_child(request, timeout):
+def _get_server():
+    global _server
+    if _server is not None and (_server.owner != os.getpid() or _server.process.poll() is not None):
+        # A server inherited through `fork` belongs to another process; a dead one is replaced.
+        if _server.owner == os.getpid():
+            _server.close()
+        _server = None
+    if _server is None:
+        _server = _Server()
+    return _server
+
+
+def _discard_server(server):
+    global _server
+    with contextlib.suppress(Exception):
+        server.close()
+    if _server is server:
+        _server = None
+
+
+def _run_in_child(request, timeout, name):
     """
     Runs the test in a child and returns `(result, timed_out, exit code, output)`; `result` is `None` if the child
     reported none.
     """
-    with tempfile.TemporaryDirectory(prefix="fresh_process_") as workdir:
-        # The child's temporary files go to the workdir, removed even when the child dies before its `tearDown`.
-        tmpdir = os.path.join(workdir, "tmp")
-        os.mkdir(tmpdir)
-        request = {**request, "workdir": workdir, "environ": {**request["environ"], "TMPDIR": tmpdir}}
-        open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
-        process = _get_context().Process(target=_child_main, args=(request,), name="fresh_process_test")
-        with _launch_environ():
-            process.start()
+    if not hasattr(os, "fork"):
+        raise unittest.SkipTest("`run_test_in_fresh_process` needs `os.fork`, which this platform does not have.")
+    with _server_lock:
+        # The server first: if this process is killed while the server starts, no workdir is left behind. Once the
+        # server has the request, it removes the workdir if this process dies.
         try:
-            process.join(timeout)
-            timed_out = process.exitcode is None
+            server = _get_server()
+        except RuntimeError as error:
+            raise FreshProcessTestFailure(f"{name}: {error}") from None
+        workdir = tempfile.mkdtemp(prefix="fresh_process_")
+        try:
+            # The child's temporary files go to the workdir, removed even when the child dies before its `tearDown`.
+            tmpdir = os.path.join(workdir, "tmp")
+            os.mkdir(tmpdir)
+            request = {**request, "workdir": workdir, "environ": {**request["environ"], "TMPDIR": tmpdir}}
+            open(os.path.join(workdir, _OUTPUT_FILE), "wb").close()  # exists even if the child dies before writing
+            try:
+                timed_out, exitcode = server.run(request, timeout)
+            except _ServerDied:
+                death = server.death()
+                output = _read_output(workdir)
+                _discard_server(server)
+                raise FreshProcessTestFailure(
+                    f"{name}: the test server (pid {server.process.pid}) {death} while running this test, which "
+                    f"did not finish; the next test gets a new server.{_format_output(output)}"
+                ) from None
+            output = _read_output(workdir)
+            result_path = os.path.join(workdir, _RESULT_FILE)
+            result = None
+            if os.path.exists(result_path):
+                with open(result_path, "rb") as f:
+                    result = pickle.load(f)
         finally:
-            # Timed out, or the parent was interrupted: a Ctrl-C does not reach the child, in its own process group.
-            if process.exitcode is None:
-                _kill_process_group(process)
-            process.join()
-        with open(os.path.join(workdir, _OUTPUT_FILE), encoding="utf-8", errors="replace") as f:
-            output = f.read()
-        result_path = os.path.join(workdir, _RESULT_FILE)
-        result = None
-        if os.path.exists(result_path):
-            with open(result_path, "rb") as f:
-                result = pickle.load(f)
-    return result, timed_out, process.exitcode, output
+            shutil.rmtree(workdir, ignore_errors=True)
+    return result, timed_out, exitcode, output
 
 
-def _kill_process_group(process):
-    """
-    Kills the child's process group, or the child alone if it has none yet. Only while the child runs: once it has
-    exited and been reaped (by the forkserver), its pid, the id of its group, may be given to an unrelated process.
-    """
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, AttributeError):  # no such group (yet), or no process groups (Windows)
-        process.kill()
+def _read_output(workdir):
+    with (
+        contextlib.suppress(OSError),
+        open(os.path.join(workdir, _OUTPUT_FILE), encoding="utf-8", errors="replace") as f,
+    ):
+        return f.read()
+    return ""
 
 
 def _replay(run, name, timeout):
@@ -295,7 +518,7 @@ def _replay(run, name, timeout):
         print(output, end="" if output.endswith("\n") else "\n")
     if timed_out:
         reason = f"timed out after {timeout} s (its process group was killed)"
-    elif result is None and exitcode is not None and exitcode < 0:
+    elif result is None and exitcode < 0:
         reason = f"crashed: killed by signal {signal.Signals(-exitcode).name}"
     elif result is None:
         reason = f"exited with code {exitcode} without reporting a result"
@@ -318,50 +541,212 @@ def _format_output(output):
     return f"\n---------- output of the fresh process ----------\n{output}" if output else ""
 
 
-def _child_main(request):
-    """Entry point of the child: runs the test and writes its outcome, as `(outcome, message)`, to the workdir."""
+# The server
+
+
+def _serve():
+    """
+    Entry point of the server (`python -c`, arguments: the file descriptors of the request and response pipes): imports
+    and warms up, then forks one child per request and reports its end. Exits when the parent closes the requests.
+    """
+    requests, responses = int(sys.argv[1]), int(sys.argv[2])
+    # Interruptions are the parent's to handle: it asks for the child to be killed, or closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _preload()
+        _warm_up()
+    except BaseException:
+        _send(responses, ("error", traceback.format_exc()))
+        sys.exit(1)
+    # Nothing the children inherit is garbage: the collector skips it, and the children do not copy its pages.
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _send(responses, ("ready",))
+    while True:
+        message = _receive(requests)
+        if message is None:
+            os._exit(0)
+        if message[0] != "run":  # a late "kill" for a child already gone
+            continue
+        request = message[1]
+        pid = os.fork()
+        if pid == 0:
+            os.close(requests)
+            os.close(responses)
+            _child_main(request, server=os.getppid())
+        with contextlib.suppress(OSError):  # also done by the child: whichever runs first
+            os.setpgid(pid, pid)
+        _send(responses, ("started", pid))
+        parent_gone = _wait_for_child(pid, requests)
+        _, status = os.waitpid(pid, 0)
+        if parent_gone:
+            shutil.rmtree(request["workdir"], ignore_errors=True)
+            os._exit(0)
+        _send(responses, ("exited", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _wait_for_child(pid, requests):
+    """
+    Waits until the child has exited, without reaping it, then kills what is left of its process group: until it is
+    reaped, the child holds its id, which cannot be given to another process or group. Kills the group at once when
+    the parent asks or is gone (end of file on the requests). Returns whether the parent is gone.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Linux < 5.3, other systems: poll
+        pidfd = None
+    parent_gone = False
+    try:
+        while True:
+            waited = [requests] if pidfd is None else [requests, pidfd]
+            ready, _, _ = select.select(waited, [], [], 0.05 if pidfd is None else None)
+            if requests in ready:
+                message = _receive(requests)
+                parent_gone = message is None
+                if parent_gone or message[0] == "kill":
+                    _kill_group(pid)
+                if parent_gone:
+                    break
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                break
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    _kill_group(pid)
+    return parent_gone
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # the child has not made its group yet
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _preload():
+    import importlib
+
+    for name in PRELOADED_MODULES:
+        importlib.import_module(name)
+    import torch
+
+    optional = _OPTIONAL_PRELOADED_MODULES
+    if torch.version.cuda is None and torch.version.hip is None:
+        optional = optional + _CPU_ONLY_PRELOADED_MODULES
+    for name in optional:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _warm_up():
+    """
+    Runs, once in the server, the first calls that are slow in every new process: the first autocast fp16 forward and
+    backward of the usual transformer kernels on CPU (embedding, layer norm, linear, attention, GELU, cross-entropy),
+    the optimizers' steps (AdamW for-each and fused, SGD) with a `GradScaler`, gradient clipping, and a `torch.save`,
+    weights-only `torch.load` and safetensors round trip. It leaves nothing a child could see: the random number
+    generators are restored, the thread count is restored (the work runs on one thread, so that no OpenMP thread pool
+    exists, which a forked child could not use), warnings shown are forgotten, the default dtype, the deterministic
+    flags and the environment are untouched, and CUDA is not used. `tests/trainer/test_testing_isolation.py` checks
+    this in the children.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    environ = dict(os.environ)
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp_dir:
+            warnings.simplefilter("ignore")
+            _warm_up_kernels(torch, tmp_dir)
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _warm_up_kernels(torch, tmp_dir):
+    vocab_size, hidden_size, heads, length = 32, 16, 2, 8
+    generator = torch.Generator().manual_seed(0)
+    embedding = torch.nn.Embedding(vocab_size, hidden_size)
+    layer_norm = torch.nn.LayerNorm(hidden_size)
+    attention = torch.nn.Linear(hidden_size, 3 * hidden_size)
+    head = torch.nn.Linear(hidden_size, vocab_size)
+    parameters = [p for module in (embedding, layer_norm, attention, head) for p in module.parameters()]
+    optimizers = [
+        torch.optim.AdamW(parameters, foreach=False),
+        torch.optim.AdamW(parameters, foreach=True),
+        torch.optim.AdamW(parameters, fused=True),
+        torch.optim.SGD(parameters),
+    ]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for optimizer in optimizers:
+        tokens = torch.randint(0, vocab_size, (2, length), generator=generator)
+        with torch.autocast("cpu", dtype=torch.float16):
+            hidden = layer_norm(embedding(tokens))
+            query, key, value = attention(hidden).view(2, length, 3, heads, -1).permute(2, 0, 3, 1, 4)
+            attended = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+            hidden = hidden + torch.nn.functional.gelu(
+                attended.transpose(1, 2).reshape(hidden.shape), approximate="tanh"
+            )
+            logits = head(layer_norm(hidden))
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab_size), tokens.view(-1))
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    path = os.path.join(tmp_dir, "state.pt")
+    torch.save({"optimizer": optimizers[1].state_dict(), "scaler": scaler.state_dict()}, path)
+    torch.load(path, weights_only=True)
+    with contextlib.suppress(ImportError):
+        from safetensors.torch import load_file, save_file
+
+        save_file(head.state_dict(), os.path.join(tmp_dir, "model.safetensors"))
+        load_file(os.path.join(tmp_dir, "model.safetensors"))
+
+
+# The child
+
+
+def _child_main(request, server):
+    """Entry point of the child, right after the fork: runs the test, writes its outcome, and exits."""
     global _in_fresh_process
     _in_fresh_process = True
-    if hasattr(os, "setpgrp"):
-        os.setpgrp()
-    _die_with_parent()
-    _redirect_output(os.path.join(request["workdir"], _OUTPUT_FILE))
     try:
-        result = _run_test(request)
-    except BaseException as exception:
-        result = _describe(exception)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    result_path = os.path.join(request["workdir"], _RESULT_FILE)
-    with open(result_path + ".tmp", "wb") as f:
-        pickle.dump(result, f)
-    os.replace(result_path + ".tmp", result_path)
-    # Kill what the test left running in the group, and this process with it. The parent cannot do it safely: once
-    # the child has exited, the id of its group may be reused.
-    if hasattr(os, "setpgrp") and os.getpgrp() == os.getpid():
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.setpgid(0, 0)
+        _die_with(server)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _redirect_output(os.path.join(request["workdir"], _OUTPUT_FILE))
+        try:
+            result = _run_test(request)
+        except BaseException as exception:
+            result = _describe(exception)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        result_path = os.path.join(request["workdir"], _RESULT_FILE)
+        with open(result_path + ".tmp", "wb") as f:
+            pickle.dump(result, f)
+        os.replace(result_path + ".tmp", result_path)
+    finally:
+        # No `atexit` handler nor `finally` of the server's own code may run in the child. The server kills what the
+        # test left running in the group.
+        os._exit(0)
 
 
-def _die_with_parent():
-    """
-    On Linux, asks the kernel to kill the child when its parent dies (best effort). The parent is the forkserver, which
-    exits when the pytest process that started it dies, even of a `SIGKILL`: when no process holds the write end of its
-    "alive" pipe any more. Every child gets a copy of it, which it does not need: closed, so that the child does not
-    keep the server, and so itself, running.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    from multiprocessing import forkserver
+def _die_with(server):
+    """On Linux, asks the kernel to kill this child when the server dies; exits if it already has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
 
-    server = getattr(forkserver, "_forkserver", None)
-    if getattr(server, "_forkserver_alive_fd", None) is not None:
-        with contextlib.suppress(OSError):
-            os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != server:
+        os._exit(1)
 
 
 def _redirect_output(path):
@@ -373,29 +758,12 @@ def _redirect_output(path):
     os.close(fd)
 
 
-def _check_preloaded(names):
-    """Fails unless the modules were imported by the server: the forkserver ignores preload errors silently."""
-    import importlib
-
-    missing = [name for name in names if name not in sys.modules]
-    if not missing:
-        return
-    try:
-        for name in missing:
-            importlib.import_module(name)
-    except ImportError as error:
-        raise RuntimeError(f"The forkserver could not preload {missing}.") from error
-    raise RuntimeError(
-        f"The forkserver did not preload {missing}: other code of this process started it before "
-        "`run_test_in_fresh_process` did."
-    )
-
-
 def _run_test(request):
-    _check_preloaded(request["preloaded"])
     os.environ.clear()
     os.environ.update(request["environ"])
     tempfile.tempdir = None  # read `TMPDIR` again
+    sys.path[:] = request["sys_path"]
+    os.chdir(request["cwd"])
     module = _import_module(*request["module"])
     args, kwargs = pickle.loads(request["arguments"])
 
@@ -403,6 +771,10 @@ def _run_test(request):
 
     enable_full_determinism(request["seed"])
     os.environ.update(ISOLATION_ENV)
+    if request["num_threads"] is not None:
+        import torch
+
+        torch.set_num_threads(request["num_threads"])
 
     if request["testcase_class"] is None:
         _find_body(module, request["attribute"])(*args, **kwargs)
@@ -421,11 +793,14 @@ def _import_module(name, path):
     """Imports the module by name, or from its file when pytest imported it without putting it on `sys.path`."""
     import importlib.util
 
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if path is None or not (name == error.name or name.startswith(f"{error.name}.")):
-            raise
+    if name == "__main__":  # a script: imported from its file, without running its `if __name__ == "__main__":` block
+        name = "__fresh_process_main__"
+    else:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if path is None or not (name == error.name or name.startswith(f"{error.name}.")):
+                raise
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -21,7 +21,12 @@ on another worker than the isolated tests: the `*_right_after_poisoning` and `*_
 process first, so that every worker checks isolation from a poisoned parent.
 """
 
+import contextlib
+import ctypes
+import functools
+import importlib.util
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -33,18 +38,15 @@ import tempfile
 import textwrap
 import time
 import unittest
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 from parameterized import parameterized
 
-from transformers.testing_isolation import (
-    FreshProcessTestFailure,
-    _check_preloaded,
-    isolated_environ,
-    run_test_in_fresh_process,
-)
+from transformers import testing_isolation
+from transformers.testing_isolation import FreshProcessTestFailure, isolated_environ, run_test_in_fresh_process
 from transformers.testing_utils import TestCasePlus
 from transformers.trainer_utils import set_seed
 
@@ -68,6 +70,7 @@ def _save_global_state():
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "default_dtype": torch.get_default_dtype(),
+        "num_threads": torch.get_num_threads(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
         "numpy_rng": np.random.get_state(),
@@ -80,6 +83,7 @@ def _restore_global_state(state):
     torch.backends.cudnn.benchmark = state["cudnn_benchmark"]
     torch.backends.cudnn.deterministic = state["cudnn_deterministic"]
     torch.set_default_dtype(state["default_dtype"])
+    torch.set_num_threads(state["num_threads"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     np.random.set_state(state["numpy_rng"])
@@ -115,6 +119,11 @@ def _poison_default_dtype():
     return torch.get_default_dtype() == torch.float64
 
 
+def _poison_num_threads():
+    torch.set_num_threads(1 if torch.get_num_threads() > 1 else 3)
+    return True
+
+
 def _poison_random_state():
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
@@ -134,6 +143,7 @@ POISONS = {
     "deterministic_algorithms": _poison_deterministic_algorithms,
     "cudnn_flags": _poison_cudnn_flags,
     "default_dtype": _poison_default_dtype,
+    "num_threads": _poison_num_threads,
     "random_state": _poison_random_state,
     "environment": _poison_environment,
 }
@@ -148,8 +158,19 @@ def _draw_random_numbers():
     return torch.rand(8), random.random(), np.random.rand(4)
 
 
-def _check_pristine_state(expected_environ):
+@functools.cache
+def _fresh_interpreter_threads():
+    """The thread counts of torch in a new interpreter started with the isolated environment."""
+    command = [sys.executable, "-c", "import torch; print(torch.get_num_threads(), torch.get_num_interop_threads())"]
+    output = subprocess.run(command, env=isolated_environ(), capture_output=True, text=True, check=True).stdout
+    return tuple(int(value) for value in output.split())
+
+
+def _check_pristine_state(expected_environ, expected_threads):
     """Fails unless the process has the state `run_test_in_fresh_process` promises, whatever the parent did."""
+    # What the server's warm-up ran is invisible: thread counts, warnings, dtype, flags, generators (below).
+    assert (torch.get_num_threads(), torch.get_num_interop_threads()) == expected_threads
+    assert not torch.is_autocast_enabled("cpu")
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cudnn.benchmark
     assert torch.backends.cudnn.deterministic
@@ -201,10 +222,9 @@ class PoisonGlobalStateTest(unittest.TestCase):
 
 
 class IsolatedStateTest(TestCasePlus):
-    @parameterized.expand([("first", isolated_environ()), ("second", isolated_environ())])
-    @run_test_in_fresh_process
-    def test_state_is_pristine(self, _, expected_environ):
-        _check_pristine_state(expected_environ)
+    @parameterized.expand([("first",), ("second",)])
+    def test_state_is_pristine(self, _):
+        run_test_in_fresh_process(_check_pristine_state)(isolated_environ(), _fresh_interpreter_threads())
 
     @run_test_in_fresh_process(seed=SEED)
     def test_tiny_model_training_is_bit_exact(self):
@@ -216,7 +236,7 @@ class IsolatedStateTest(TestCasePlus):
     # another worker.
     def test_state_is_pristine_right_after_poisoning(self):
         _poison_everything()
-        run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
+        run_test_in_fresh_process(_check_pristine_state)(isolated_environ(), _fresh_interpreter_threads())
 
     def test_training_is_bit_exact_across_processes(self):
         tmp_dir = self.get_auto_remove_tmp_dir()
@@ -234,7 +254,10 @@ class IsolatedStateTest(TestCasePlus):
 @run_test_in_fresh_process
 def test_plain_function_is_isolated(tmp_path, expected_environ):
     assert tmp_path.is_dir()  # the values of fixtures and parameters are pickled to the child
-    _check_pristine_state(expected_environ)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert {key: os.environ.get(key) for key in expected_environ if key != "TMPDIR"} == {
+        key: value for key, value in expected_environ.items() if key != "TMPDIR"
+    }
 
 
 def _passes():
@@ -284,7 +307,8 @@ def _leaves_a_grandchild_and_a_tmp_dir(record_file):
 def _sleeps_with_a_grandchild(record_file):
     grandchild = subprocess.Popen(["sleep", "600"])
     _write_record(record_file, [os.getpid(), grandchild.pid], tempfile.mkdtemp())
-    time.sleep(600)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+    ctypes.CDLL(None).sleep(600)  # stuck in C code, deaf to the signals Python could handle
 
 
 def _proc_stat(pid):
@@ -303,6 +327,7 @@ def _is_running(pid):
 
 # Run as a script by `test_child_dies_with_the_pytest_process`, standing for a pytest process.
 PARENT_SCRIPT = """
+import multiprocessing
 import os
 import sys
 import time
@@ -311,6 +336,9 @@ from transformers.testing_isolation import run_test_in_fresh_process
 
 
 def sleeps(record_file):
+    # A pool makes a `pymp-*` folder in the temporary folder, and processes in the child's group.
+    pool = multiprocessing.get_context("forkserver").Pool(1)
+    pool.apply(os.getpid)
     with open(record_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(record_file + ".tmp", record_file)
@@ -487,12 +515,18 @@ class OutcomeTest(TestCasePlus):
 
     @unittest.skipUnless(sys.platform.startswith("linux"), "PR_SET_PDEATHSIG is Linux only")
     def test_child_dies_with_the_pytest_process(self):
-        """A parent killed with `SIGKILL` (no `finally` runs) takes its server and child with it (~5 s)."""
+        """
+        A parent killed with `SIGKILL` (no `finally` runs) takes its server and child with it, and leaves nothing in
+        its temporary folder (~5 s).
+        """
         tmp_dir = self.get_auto_remove_tmp_dir()
         script, record_file = os.path.join(tmp_dir, "parent.py"), os.path.join(tmp_dir, "record")
+        parent_tmp_dir = os.path.join(tmp_dir, "tmp")
+        os.mkdir(parent_tmp_dir)
         with open(script, "w", encoding="utf-8") as f:
             f.write(textwrap.dedent(PARENT_SCRIPT))
-        parent = subprocess.Popen([sys.executable, script, record_file], cwd=tmp_dir, env=isolated_environ())
+        environ = {**isolated_environ(), "TMPDIR": parent_tmp_dir}
+        parent = subprocess.Popen([sys.executable, script, record_file], cwd=tmp_dir, env=environ)
         try:
             deadline = time.monotonic() + 120
             while not os.path.exists(record_file) and parent.poll() is None and time.monotonic() < deadline:
@@ -510,18 +544,225 @@ class OutcomeTest(TestCasePlus):
         for pid in left_running:  # do not leave them behind when the test fails
             os.kill(pid, signal.SIGKILL)
         self.assertFalse(left_running, "the child or its server survived the parent")
-
-    def test_preload_errors_are_reported(self):
-        with self.assertRaisesRegex(RuntimeError, "could not preload") as context:
-            _check_preloaded(["torch", "transformers_module_that_does_not_exist"])
-        self.assertIsInstance(context.exception.__cause__, ModuleNotFoundError)
+        # torch's own cache folder (`torchinductor_<user>`), made on import, is there whether tests run isolated or not.
+        left = [name for name in os.listdir(parent_tmp_dir) if not name.startswith("torchinductor_")]
+        self.assertEqual(left, [], "the workdir of the child (fresh_process_*) or its pool's pymp-* folder was left")
 
     def test_local_function_is_refused(self):
         def local_test():
             pass
 
-        with self.assertRaisesRegex(TypeError, "cannot find"):
+        with self.assertRaisesRegex(FreshProcessTestFailure, "local_test: .*cannot find"):
             run_test_in_fresh_process(local_test)()
+
+
+def _exits_without_a_result():
+    os._exit(0)
+
+
+def _kills_its_process_group():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.killpg(0, signal.SIGKILL)
+
+
+def _kills_the_server():
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+def _check_seed(seed):
+    assert torch.initial_seed() == seed
+    drawn = _draw_random_numbers()
+    set_seed(seed)
+    reference = _draw_random_numbers()
+    assert torch.equal(drawn[0], reference[0]) and drawn[1] == reference[1]
+    assert np.array_equal(drawn[2], reference[2])
+
+
+def _check_variable(name, expected):
+    assert os.environ.get(name) == expected, f"{name}={os.environ.get(name)!r}"
+
+
+def _takes(value):
+    pass
+
+
+def _starts_a_pool(record_file):
+    """A `multiprocessing` pool in the child (its `pymp-*` folder goes to the child's `TMPDIR`), then sleeps."""
+    pool = multiprocessing.get_context("forkserver").Pool(1)
+    pool.apply(os.getpid)
+    with open(record_file + ".tmp", "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    os.replace(record_file + ".tmp", record_file)
+    time.sleep(600)
+
+
+class ContractTest(TestCasePlus):
+    """Each test here fails if one promise of `run_test_in_fresh_process` is broken."""
+
+    def test_child_exiting_without_a_result_fails(self):
+        with self.assertRaisesRegex(FreshProcessTestFailure, "exited with code 0 without reporting a result"):
+            run_test_in_fresh_process(_exits_without_a_result)()
+
+    def test_seed_argument_is_used(self):
+        run_test_in_fresh_process(seed=1234)(_check_seed)(1234)
+        run_test_in_fresh_process(_check_seed)(42)  # the default
+
+    def test_exact_isolation_variables(self):
+        for name, value in [("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), ("PYTHONHASHSEED", "0")]:
+            run_test_in_fresh_process(_check_variable)(name, value)
+
+    def test_pytest_current_test_is_forwarded(self):
+        value = "tests/trainer/test_example.py::ExampleTest::test_it (call)"
+        with mock.patch.dict(os.environ, {"PYTEST_CURRENT_TEST": value}):
+            run_test_in_fresh_process(_check_variable)("PYTEST_CURRENT_TEST", value)
+
+    def test_environment_snapshot_is_taken_on_import(self):
+        """A variable set after the module is imported (by an earlier test) does not reach the children."""
+        script = (
+            "import os; import transformers.testing_isolation as isolation; "
+            f"os.environ[{POISON_VARIABLE!r}] = '1'; print({POISON_VARIABLE!r} in isolation.isolated_environ())"
+        )
+        command = [sys.executable, "-c", script]
+        run = subprocess.run(command, env=isolated_environ(), capture_output=True, text=True, check=True)
+        self.assertEqual(run.stdout.strip(), "False", run.stderr)
+
+    def test_unpicklable_arguments_fail_clearly(self):
+        with self.assertRaisesRegex(FreshProcessTestFailure, r"_takes: the arguments .* cannot be pickled"):
+            run_test_in_fresh_process(_takes)(lambda: None)
+
+    def test_child_killing_its_process_group_fails_and_the_next_test_runs(self):
+        with self.assertRaisesRegex(FreshProcessTestFailure, "_kills_its_process_group crashed: killed by signal"):
+            run_test_in_fresh_process(_kills_its_process_group)()
+        run_test_in_fresh_process(_passes)()
+
+    def test_server_death_fails_clearly_and_the_next_test_gets_a_new_server(self):
+        """Stands for the server being killed from outside (out of memory) while a test runs."""
+        run_test_in_fresh_process(_passes)()
+        server = testing_isolation._server
+        start = time.monotonic()
+        with self.assertRaisesRegex(
+            FreshProcessTestFailure, r"_kills_the_server: the test server \(pid \d+\) was killed by signal SIGKILL"
+        ):
+            run_test_in_fresh_process(_kills_the_server)()
+        self.assertLess(time.monotonic() - start, 30)
+        run_test_in_fresh_process(_passes)()
+        self.assertIsNot(testing_isolation._server, server)
+
+    def test_nothing_is_left_in_the_temporary_folder(self):
+        tmp_dir = self.get_auto_remove_tmp_dir()
+        bodies = [_passes, _fails, _skips_with_unittest, _segfaults, _exits_without_a_result, _kills_its_process_group]
+        with mock.patch.object(tempfile, "tempdir", tmp_dir):
+            for body in bodies:
+                with contextlib.suppress(AssertionError, unittest.SkipTest):
+                    run_test_in_fresh_process(body)()
+                self.assertEqual(os.listdir(tmp_dir), [], body.__name__)
+
+
+FIXTURE_CALLS = []
+
+
+class FixtureExamples(TestCasePlus):
+    """Run by `FixtureTest`, not collected: its fixtures record where they ran."""
+
+    __test__ = False
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        FIXTURE_CALLS.append(("setUpClass", os.getpid()))
+
+    @classmethod
+    def tearDownClass(cls):
+        FIXTURE_CALLS.append(("tearDownClass", os.getpid()))
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        FIXTURE_CALLS.append(("setUp", os.getpid()))
+
+    def tearDown(self):
+        FIXTURE_CALLS.append(("tearDown", os.getpid()))
+        super().tearDown()
+
+    @parameterized.expand([("parameterized",)])
+    @run_test_in_fresh_process
+    def test_fixtures_ran_once_here(self, _):
+        self.assertEqual(FIXTURE_CALLS, [("setUpClass", os.getpid()), ("setUp", os.getpid())])
+
+    @run_test_in_fresh_process
+    def test_failing_subtest(self):
+        for value in (1, 2):
+            with self.subTest(value=value):
+                self.assertEqual(value, 1)
+
+    @unittest.skip("skipped in the parent")
+    @run_test_in_fresh_process
+    def test_skipped(self):
+        pass
+
+
+class FixtureTest(unittest.TestCase):
+    def run_example(self, name):
+        FIXTURE_CALLS.clear()
+        result = unittest.TestResult()
+        # A suite, as pytest and unittest run it: class fixtures included.
+        unittest.TestSuite([FixtureExamples(name)]).run(result)
+        self.assertEqual(FIXTURE_CALLS, [], "a fixture ran in the parent")
+        return result
+
+    def test_fixtures_run_in_the_child_only(self):
+        result = self.run_example("test_fixtures_ran_once_here_0_parameterized")
+        self.assertEqual(result.errors + result.failures, [])
+        self.assertEqual(result.testsRun, 1)
+
+    def test_failing_subtest_fails(self):
+        result = self.run_example("test_failing_subtest")
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("2 != 1", result.failures[0][1])
+
+    def test_skip_decides_in_the_parent_without_a_child(self):
+        with mock.patch.object(testing_isolation, "_run_in_child", side_effect=AssertionError("a child started")):
+            result = self.run_example("test_skipped")
+        self.assertEqual([reason for _, reason in result.skipped], ["skipped in the parent"])
+
+
+def _use_pool(start_method):
+    with multiprocessing.get_context(start_method).Pool(1) as pool:
+        return pool.apply(os.getpid) != os.getpid()
+
+
+def _use_dataloader(start_method):
+    loader = torch.utils.data.DataLoader(list(range(4)), num_workers=1, multiprocessing_context=start_method)
+    return [batch.tolist() for batch in loader] == [[0], [1], [2], [3]]
+
+
+class OtherProcessUsersTest(unittest.TestCase):
+    """
+    Other code of the pytest process using `multiprocessing` (pools, DataLoader workers, any start method, the
+    process-wide forkserver) before or after isolated tests does not change what the isolated tests see.
+    """
+
+    def check_isolated(self):
+        run_test_in_fresh_process(_check_variable)("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    @parameterized.expand([("fork",), ("spawn",), ("forkserver",)])
+    def test_pool_before_and_after(self, start_method):
+        self.assertTrue(_use_pool(start_method))
+        self.check_isolated()
+        self.assertTrue(_use_pool(start_method))
+
+    def test_dataloader_workers_and_forced_forkserver_default(self):
+        """What Python 3.14 does on Linux: forkserver as the default start method, then DataLoader workers."""
+        previous = multiprocessing.get_start_method(allow_none=True)
+        multiprocessing.set_start_method("forkserver", force=True)
+        try:
+            self.assertTrue(_use_dataloader(None))
+            self.check_isolated()
+            self.assertTrue(_use_dataloader("fork"))
+            self.assertTrue(_use_dataloader(None))
+        finally:
+            multiprocessing.set_start_method(previous, force=True)
 
 
 EXAMPLE_TESTS = """
@@ -602,3 +843,107 @@ class PytestReportTest(TestCasePlus):
         }
         self.assertEqual(outcomes, expected, run.stdout)
         self.assertIn("skipped below", run.stdout)
+
+
+PLUGIN_EXAMPLE_TESTS = """
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from transformers.testing_isolation import run_test_in_fresh_process
+
+
+RECORDS = os.environ["ISOLATION_EXAMPLE_RECORDS"]
+
+
+def record(name):
+    grandchild = subprocess.Popen(["sleep", "600"])
+    path = os.path.join(RECORDS, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump([os.getpid(), grandchild.pid], f)
+    os.replace(path + ".tmp", path)
+
+
+# First: the server starts in this test, which pytest-timeout would count in the test's time.
+@pytest.mark.flaky(reruns=1)
+@run_test_in_fresh_process
+def test_1_passes_on_rerun():
+    marker = os.path.join(RECORDS, "first_try")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        assert False, "fails the first time"
+
+
+@pytest.mark.timeout(10)
+@run_test_in_fresh_process
+def test_2_times_out():
+    record("timeout")
+    time.sleep(600)
+
+
+@run_test_in_fresh_process
+def test_3_interrupted():
+    record("interrupt")
+    time.sleep(600)
+"""
+
+
+@unittest.skipUnless(
+    importlib.util.find_spec("pytest_timeout") and importlib.util.find_spec("pytest_rerunfailures"),
+    "needs pytest-timeout and pytest-rerunfailures (upstream's test extras; `utils/upstream_pins.py` installs them)",
+)
+class PytestPluginsTest(TestCasePlus):
+    def test_timeout_rerun_and_interrupt(self):
+        """
+        Under upstream's plugins: a pytest-timeout expiry fails the test, a pytest-rerunfailures rerun runs a new child,
+        a Ctrl-C stops the session; every child and what it started is gone, nothing is left in the temporary folder.
+        """
+        tmp_dir = self.get_auto_remove_tmp_dir()
+        records, pytest_tmp_dir = os.path.join(tmp_dir, "records"), os.path.join(tmp_dir, "tmp")
+        os.mkdir(records)
+        os.mkdir(pytest_tmp_dir)
+        with open(os.path.join(tmp_dir, "test_plugins_example.py"), "w", encoding="utf-8") as f:
+            f.write(textwrap.dedent(PLUGIN_EXAMPLE_TESTS))
+        environ = {**isolated_environ(), "ISOLATION_EXAMPLE_RECORDS": records, "TMPDIR": pytest_tmp_dir}
+        # Under `pytest-xdist` this test runs in a worker that ignores SIGINT, which a subprocess would inherit.
+        command = [
+            sys.executable,
+            "-c",
+            "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.exit(pytest.main(sys.argv[1:]))",
+            *["-v", "-p", "no:cacheprovider", "-p", "no:random_order", tmp_dir],
+        ]
+        with open(os.path.join(tmp_dir, "output.txt"), "w+", encoding="utf-8") as output:
+            session = subprocess.Popen(command, cwd=tmp_dir, env=environ, stdout=output, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 300
+                while not os.path.exists(os.path.join(records, "interrupt")) and time.monotonic() < deadline:
+                    self.assertIsNone(session.poll(), "pytest ended before the last test started")
+                    time.sleep(0.1)
+                session.send_signal(signal.SIGINT)
+                session.wait(60)
+            finally:
+                if session.poll() is None:
+                    session.kill()
+                    session.wait()
+            output.seek(0)
+            report = output.read()
+        self.assertEqual(session.returncode, 2, report)  # interrupted
+        self.assertIn("KeyboardInterrupt", report)
+        outcomes = re.findall(r"::(test_\w+) (PASSED|FAILED|RERUN)", report)
+        expected = [("test_1_passes_on_rerun", "RERUN"), ("test_1_passes_on_rerun", "PASSED")]
+        self.assertEqual(outcomes, expected + [("test_2_times_out", "FAILED")], report)
+        self.assertIn("Timeout", report)
+        pids = []
+        for name in ("timeout", "interrupt"):
+            with open(os.path.join(records, name), encoding="utf-8") as f:
+                pids += json.load(f)
+        deadline = time.monotonic() + 10
+        while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([pid for pid in pids if _is_running(pid)], [])
+        left = [name for name in os.listdir(pytest_tmp_dir) if not name.startswith("torchinductor_")]
+        self.assertEqual(left, [])

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Run the harness and fp16 resume tests under upstream's own pytest pins and test plugins.
+
+Upstream's ``setup.py`` pins pytest to a range (``pytest>=7.2.0,<9.0.0`` for 5.24.0) and its ``testing`` extra adds
+pytest-xdist, pytest-random-order, pytest-rerunfailures, pytest-timeout and pytest-order. The main venv has the newest
+pytest; this script runs the same tests a second time the way upstream's CI would:
+
+1. read the specs of those packages from the built fork's ``setup.py`` (``_deps``), never a guess written here;
+2. make ``build/upstream-pins`` once: a venv with only those packages (and their dependencies) installed, which then
+   sees ``.venv``'s site-packages (torch, transformers, ...) *after* its own through a ``.pth`` file, so that its
+   pytest and plugins win and torch is not installed twice. A stamp holds the specs: a re-run with the same specs
+   installs nothing; changed specs rebuild the venv;
+3. run ``pytest`` there on the given tests with random order on (``--random-order``), a pytest-timeout timeout and
+   ``-n 2``, so that each plugin is active.
+
+Usage: ``python utils/upstream_pins.py [--fork build/transformers] [--venv build/upstream-pins] [pytest args...]``.
+Exit status: pytest's, or 2 with a message on a setup error.
+"""
+
+import argparse
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pytest", "pytest-xdist", "pytest-random-order", "pytest-rerunfailures", "pytest-timeout", "pytest-order")
+DEFAULT_TESTS = ("tests/trainer/test_testing_isolation.py", "tests/trainer/test_trainer_resume_fp16.py")
+DEFAULT_PYTEST_ARGS = ("-n", "2", "--random-order", "--timeout", "900", "-p", "no:cacheprovider")
+STAMP = "upstream-pins.json"
+
+
+class PinsError(Exception):
+    pass
+
+
+def upstream_specs(setup_py: Path) -> list[str]:
+    """The requirement strings of `PACKAGES` in the `_deps` list of upstream's `setup.py`."""
+    if not setup_py.is_file():
+        raise PinsError(f"{setup_py} does not exist: run `make fork` first.")
+    tree = ast.parse(setup_py.read_text(encoding="utf-8"), str(setup_py))
+    deps = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_deps" for t in node.targets):
+            deps = ast.literal_eval(node.value)
+    if deps is None:
+        raise PinsError(f"{setup_py} has no `_deps` list: upstream changed how it pins its dependencies.")
+    specs = {}
+    for spec in deps:
+        name = spec.split(";")[0]
+        for operator in "<>=!~ [":
+            name = name.split(operator)[0]
+        specs[name.strip().lower()] = spec
+    missing = [name for name in PACKAGES if name not in specs]
+    if missing:
+        raise PinsError(f"{setup_py} does not pin {', '.join(missing)} in `_deps` any more.")
+    return [specs[name] for name in PACKAGES]
+
+
+def site_packages(python: Path) -> Path:
+    command = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    return Path(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip())
+
+
+def ensure_venv(venv: Path, specs: list[str], base_python: Path) -> Path:
+    """Creates (or reuses) the venv; returns its python."""
+    python = venv / "bin" / "python"
+    stamp = venv / STAMP
+    wanted = {"specs": specs, "base": str(base_python)}
+    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted and python.exists():
+        return python
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # Installed before the venv sees the main one, so that pip never touches (uninstalls) a package of `.venv`.
+    install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *specs]
+    if subprocess.run(install).returncode != 0:
+        raise PinsError(f"pip could not install {' '.join(specs)} into {venv}.")
+    line = f"import site; site.addsitedir({str(site_packages(base_python))!r})\n"
+    (site_packages(python) / "zz_main_venv.pth").write_text(line, encoding="utf-8")
+    stamp.write_text(json.dumps(wanted, indent=2) + "\n", encoding="utf-8")
+    return python
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fork", type=Path, default=ROOT / "build" / "transformers", help="the built fork")
+    parser.add_argument("--venv", type=Path, default=ROOT / "build" / "upstream-pins", help="the venv to make")
+    parser.add_argument("--base-python", type=Path, default=ROOT / ".venv" / "bin" / "python", help="the main venv")
+    parser.add_argument("pytest_args", nargs="*", help="pytest arguments (default: the harness and resume tests)")
+    args = parser.parse_args(argv)
+    try:
+        specs = upstream_specs(args.fork / "setup.py")
+        if not args.base_python.exists():
+            raise PinsError(f"{args.base_python} does not exist: run `make fork` first.")
+        python = ensure_venv(args.venv, specs, args.base_python)
+    except (PinsError, subprocess.CalledProcessError) as error:
+        print(f"upstream_pins: {error}", file=sys.stderr)
+        return 2
+    versions = subprocess.run(
+        [str(python), "-m", "pip", "list", "--disable-pip-version-check", "--format", "freeze"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    installed = [line for line in versions.splitlines() if line.split("==")[0].lower() in PACKAGES]
+    print(f"upstream_pins: {', '.join(specs)} -> {', '.join(installed)}", flush=True)
+    pytest_args = args.pytest_args or [*DEFAULT_PYTEST_ARGS, *DEFAULT_TESTS]
+    return subprocess.run([str(python), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
