@@ -271,6 +271,28 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 self.assertEqual(resumed.pop("injected_overflow_steps"), [RESUME_STEP + 1])
                 assert_exactly_equal(resumed, baseline[rank], f"process {rank} resumed after the kill")
 
+        with self.subTest("FSDP2"):
+            uninterrupted = [self.load_summary(output_dir, "fsdp2-uninterrupted", rank) for rank in (0, 1)]
+            # Only the first process's gradient shard overflowed, yet both processes skipped the same updates: the
+            # scaler's inf check on sharded gradients (DTensor) reduces the flag over all processes.
+            for summary in uninterrupted:
+                skipped = [step for step, entry in summary["logs"].items() if entry["skipped"]]
+                self.assertEqual(skipped, list(OVERFLOW_STEPS))
+            self.assertEqual(uninterrupted[1]["logs"], uninterrupted[0]["logs"])
+            resumed = [self.load_summary(output_dir, "fsdp2-resumed", rank) for rank in (0, 1)]
+            if not accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
+                # accelerate#4289: loading the optimizer runs a dummy step through the scaler of the resumed run.
+                for summary in resumed:
+                    self.assertIn("Attempted step but _scale is None", summary["error"])
+                self.skipTest(
+                    "this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced); the fix is "
+                    "patches/accelerate/fsdp2_keep_the_gradscaler_out_of_the_optimizer_state_dict_apis.patch"
+                )
+            for rank in (0, 1):
+                expected = {**uninterrupted[rank], "logs": {}}
+                expected["logs"] = {s: e for s, e in uninterrupted[rank]["logs"].items() if s > RESUME_STEP}
+                assert_exactly_equal(resumed[rank], expected, f"FSDP2 resumed run of process {rank} differs")
+
         with self.subTest("processes restore different loss scales"):
             for rank in (0, 1):
                 error = self.load_summary(output_dir, "different-scaler-files", rank)
@@ -280,6 +302,13 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                     "process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3", error["message"]
                 )
                 self.assertIn("process 1: scale 2048, growth_factor 2", error["message"])
+
+
+def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
+    """Whether Accelerate has the fix for accelerate#4289 (its FSDP helpers hand the unwrapped optimizer to torch)."""
+    from accelerate.utils import fsdp_utils
+
+    return hasattr(fsdp_utils, "_optimizer_for_state_dict_apis")
 
 
 def worker_pids(output_dir):
@@ -310,6 +339,71 @@ def run_killed_training(output_dir):
     trainer.train()
 
 
+def local_tensors(state):
+    """`state` with each `DTensor` replaced by this process's shard, so that it can be saved and loaded weights-only."""
+    if isinstance(state, dict):
+        return {key: local_tensors(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(local_tensors(value) for value in state)
+    return state.to_local() if hasattr(state, "to_local") else state
+
+
+def train_fsdp2(output_dir, resume=False):
+    """
+    Trains a small `fully_shard` model with fp16 autocast the way the Trainer does under FSDP2 (an `AcceleratedOptimizer`
+    driving the `GradScaler`, checkpoints written by Accelerate's FSDP helpers plus `scaler.pt`), or resumes it from
+    checkpoint `RESUME_STEP` in the Trainer's order: model, optimizer, then scaler. The first process puts an inf in its
+    shard of the gradients at `OVERFLOW_STEPS`, after the reduce-scatter. Returns what this process ended with.
+    """
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+    from torch.distributed.fsdp import fully_shard
+
+    accelerator = Accelerator(cpu=True)
+    fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16))
+    for module in (model[0], model[2], model):
+        fully_shard(module)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    optimizer = AcceleratedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), scaler=scaler)
+    checkpoint = os.path.join(output_dir, f"checkpoint-{RESUME_STEP}")
+    first_step = 1
+    if resume:
+        load_fsdp_model(fsdp_plugin, accelerator, model, checkpoint)
+        try:
+            load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, checkpoint)
+        except AssertionError as error:
+            return {"error": str(error)}
+        scaler.load_state_dict(torch.load(os.path.join(checkpoint, "scaler.pt"), weights_only=True))
+        first_step = RESUME_STEP + 1
+    logs = {}
+    for step in range(first_step, MAX_STEPS + 1):
+        inputs = torch.randn(4, 16, generator=torch.Generator().manual_seed(1000 * step + dist.get_rank()))
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(inputs).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if step in OVERFLOW_STEPS and dist.get_rank() == 0:
+            model[0].weight.grad.to_local().view(-1)[0] = float("inf")
+        optimizer.step()
+        optimizer.zero_grad()
+        logs[step] = {"loss_scale": scaler.get_scale(), "skipped": optimizer.step_was_skipped}
+        if step == RESUME_STEP and not resume:
+            save_fsdp_model(fsdp_plugin, accelerator, model, checkpoint)
+            save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, checkpoint)
+            if accelerator.is_main_process:
+                torch.save(scaler.state_dict(), os.path.join(checkpoint, "scaler.pt"))
+            accelerator.wait_for_everyone()
+    return {
+        "logs": logs,
+        "model": local_tensors(model.state_dict()),
+        "optimizer": local_tensors(optimizer.state_dict()),
+        "scaler": scaler.state_dict(),
+    }
+
+
 def run_parity_scenarios(output_dir, killed_dir):
     rank = int(os.environ["RANK"])
     for optim, accumulation in PARITY_SCENARIOS:
@@ -332,6 +426,10 @@ def run_parity_scenarios(output_dir, killed_dir):
     trainer = get_fp16_trainer(os.path.join(output_dir, "resumed-after-kill"))
     trainer.train(resume_from_checkpoint=get_last_checkpoint(killed_dir))
     save_summary(output_dir, "resumed-after-kill", training_summary(trainer))
+
+    fsdp2_dir = os.path.join(output_dir, "fsdp2")
+    save_summary(output_dir, "fsdp2-uninterrupted", train_fsdp2(fsdp2_dir))
+    save_summary(output_dir, "fsdp2-resumed", train_fsdp2(fsdp2_dir, resume=True))
 
     # Each process resumes from its own copy of the checkpoint, as on nodes without shared storage, and the copy of
     # the second process holds the loss scaler state of another step.
