@@ -12,11 +12,14 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-Checks that the processes of a distributed run resumed with the same fp16 loss scale.
+fp16 loss scaling in distributed runs of the [`Trainer`].
 
-Each process has its own `GradScaler` and restores it from the `scaler.pt` file of the checkpoint it resumes from. DDP
-averages the scaled gradients of all processes, and each process then unscales the average with its own scale: if the
-scales differ, every process applies a different update and the model replicas silently drift apart.
+- Each process has its own `GradScaler` and restores it from the `scaler.pt` file of the checkpoint it resumes from.
+  DDP averages the scaled gradients of all processes, and each process then unscales the average with its own scale:
+  if the scales differ, every process applies a different update and the model replicas silently drift apart.
+  [`check_loss_scale_matches_across_processes`] turns that into an error.
+- DeepSpeed keeps its own loss scaler inside its fp16 optimizer (and its state in DeepSpeed's checkpoints).
+  [`deepspeed_loss_scale_log_values`] reports its scale under the names used for `GradScaler` runs.
 """
 
 import os
@@ -62,3 +65,22 @@ def check_loss_scale_matches_across_processes(accelerator, checkpoint: str) -> N
         "make their models diverge. Resume every process from the same checkpoint, with the same `scaler.pt` (the one "
         "the main process saved)."
     )
+
+
+def deepspeed_loss_scale_log_values(model_wrapped, state) -> dict[str, float]:
+    """
+    Returns the loss scale of a DeepSpeed engine training in fp16 and the number of skipped updates, to log under the
+    same names as with a `GradScaler` (`loss_scale`, `num_skipped_updates`), or nothing if the engine does not train in
+    fp16.
+
+    Args:
+        model_wrapped (`deepspeed.DeepSpeedEngine`):
+            The engine wrapping the model.
+        state ([`TrainerState`]):
+            The state of the [`Trainer`], which counts the skipped updates.
+    """
+    fp16_enabled = getattr(model_wrapped, "fp16_enabled", None)
+    loss_scale = getattr(getattr(model_wrapped, "optimizer", None), "loss_scale", None)
+    if fp16_enabled is None or not fp16_enabled() or loss_scale is None:
+        return {}
+    return {"loss_scale": float(loss_scale), "num_skipped_updates": state.num_skipped_updates}

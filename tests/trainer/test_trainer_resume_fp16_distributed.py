@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port
+from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed
 from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
 
 
@@ -46,6 +46,15 @@ PARITY_SCENARIOS = [(optim, accumulation) for optim in ("adamw_torch", "adamw_to
 # The harness's determinism settings (`transformers.testing_isolation`), for every process of a launch.
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
 LAUNCH_TIMEOUT = 300
+# The same loss scale schedule as the `GradScaler` of the other tests: 2**10 at first, doubled after 3 updates without
+# overflow, halved at each overflow.
+DEEPSPEED_CONFIG = {
+    "fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 3, "hysteresis": 1},
+    "zero_optimization": {"stage": 0},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
 
 def require_torchrun_with_gloo(test_case):
@@ -119,8 +128,13 @@ class KillProcessCallback(TrainerCallback):
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_steps=1, overflow_steps=OVERFLOW_STEPS):
-    """A tiny GPT-2 Trainer with real fp16 autocast and a CPU `GradScaler` that saves every step."""
+def get_fp16_trainer(
+    output_dir, optim="adamw_torch", gradient_accumulation_steps=1, overflow_steps=OVERFLOW_STEPS, deepspeed=False
+):
+    """
+    A tiny GPT-2 Trainer that saves every step, with real fp16 autocast and a CPU `GradScaler`, or with DeepSpeed's fp16
+    optimizer and its own loss scaler.
+    """
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
@@ -134,7 +148,8 @@ def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_step
         lr_scheduler_type="cosine",
         optim=optim,
         fp16=True,
-        use_cpu=True,
+        use_cpu=not deepspeed,
+        deepspeed=DEEPSPEED_CONFIG if deepspeed else None,
         save_steps=1,
         logging_steps=1,
         seed=42,
@@ -144,8 +159,9 @@ def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_step
     trainer = Trainer(
         model, args, train_dataset=RandomTokenDataset(), callbacks=[GradientOverflowCallback(overflow_steps)]
     )
-    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
-    trainer.accelerator.native_amp = True
+    if not deepspeed:
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+        trainer.accelerator.native_amp = True
     return trainer
 
 
@@ -162,9 +178,24 @@ def training_summary(trainer):
         "num_skipped_updates": trainer.state.num_skipped_updates,
         "injected_overflow_steps": overflow_callback.injected_steps,
         "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.lr_scheduler.state_dict(),
-        "scaler": trainer.accelerator.scaler.state_dict(),
+        **(deepspeed_state(trainer.model_wrapped) if trainer.is_deepspeed_enabled else {}),
+        **(
+            {}
+            if trainer.is_deepspeed_enabled
+            else {"optimizer": trainer.optimizer.state_dict(), "scaler": trainer.accelerator.scaler.state_dict()}
+        ),
+    }
+
+
+def deepspeed_state(engine):
+    """The state of DeepSpeed's fp16 optimizer: its loss scaler, its skipped step count and the wrapped optimizer."""
+    fp16_optimizer = engine.optimizer
+    loss_scaler = fp16_optimizer.state_dict()
+    return {
+        "optimizer": fp16_optimizer.optimizer.state_dict(),
+        "scaler": {key: loss_scaler[key] for key in ("cur_scale", "cur_iter", "last_overflow_iter")},
+        "skipped_steps": engine.skipped_steps,
     }
 
 
@@ -226,7 +257,6 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
         self.assertEqual(get_last_checkpoint(killed_dir), os.path.join(killed_dir, f"checkpoint-{RESUME_STEP}"))
 
         output_dir = self.get_auto_remove_tmp_dir()
-        os.makedirs(os.path.join(output_dir, "results"))
         returncode, output = self.launch("parity", output_dir + os.pathsep + killed_dir)
         self.assertEqual(returncode, 0, output)
 
@@ -303,6 +333,30 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 )
                 self.assertIn("process 1: scale 2048, growth_factor 2", error["message"])
 
+    @require_deepspeed
+    def test_deepspeed_fp16_resume_matches_uninterrupted_run_on_every_process(self):
+        output_dir = self.get_auto_remove_tmp_dir()
+        returncode, output = self.launch("deepspeed", output_dir)
+        self.assertEqual(returncode, 0, output)
+        uninterrupted = [self.load_summary(output_dir, "deepspeed-uninterrupted", rank) for rank in (0, 1)]
+        resumed = [self.load_summary(output_dir, "deepspeed-resumed", rank) for rank in (0, 1)]
+        for summary in uninterrupted:
+            self.assertEqual(summary.pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
+            # DeepSpeed's loss scaler skipped the overflowing updates; the Trainer counted them and logs its scale.
+            self.assertEqual(summary["skipped_steps"], len(OVERFLOW_STEPS))
+            self.assertEqual(summary["num_skipped_updates"], len(OVERFLOW_STEPS))
+            logs = summary["logs"]
+            self.assertEqual(logs[1]["loss_scale"], 2.0**10)
+            for step in OVERFLOW_STEPS:
+                self.assertEqual(logs[step]["loss_scale"], logs[step - 1]["loss_scale"] / 2)
+            self.assertEqual([logs[step]["num_skipped_updates"] for step in OVERFLOW_STEPS], [1, 2, 3])
+        assert_exactly_equal(uninterrupted[1], uninterrupted[0], "DeepSpeed: process 1 differs from process 0")
+        for rank in (0, 1):
+            self.assertEqual(resumed[rank].pop("injected_overflow_steps"), [RESUME_STEP + 1])
+            assert_exactly_equal(
+                resumed[rank], uninterrupted[rank], f"DeepSpeed: resumed run of process {rank} differs"
+            )
+
 
 def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
     """Whether Accelerate has the fix for accelerate#4289 (its FSDP helpers hand the unwrapped optimizer to torch)."""
@@ -330,6 +384,7 @@ def is_alive(pid):
 
 
 def save_summary(output_dir, name, summary):
+    os.makedirs(os.path.join(output_dir, "results"), exist_ok=True)
     torch.save(summary, os.path.join(output_dir, "results", f"{name}-rank{dist.get_rank()}.pt"))
 
 
@@ -449,10 +504,20 @@ def run_parity_scenarios(output_dir, killed_dir):
     save_summary(output_dir, "different-scaler-files", summary)
 
 
+def run_deepspeed_scenario(output_dir):
+    uninterrupted_dir = os.path.join(output_dir, "uninterrupted")
+    trainer = get_fp16_trainer(uninterrupted_dir, deepspeed=True)
+    trainer.train()
+    save_summary(output_dir, "deepspeed-uninterrupted", training_summary(trainer))
+    trainer = get_fp16_trainer(os.path.join(output_dir, "resumed"), deepspeed=True)
+    trainer.train(resume_from_checkpoint=os.path.join(uninterrupted_dir, f"checkpoint-{RESUME_STEP}"))
+    save_summary(output_dir, "deepspeed-resumed", training_summary(trainer))
+
+
 if __name__ == "__main__":
     # Run by the tests above, in each process of a launch:
     #   python -m torch.distributed.run --nproc_per_node=2 tests/trainer/test_trainer_resume_fp16_distributed.py \
-    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR}
+    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR}
     mode, output_dirs = sys.argv[1:]
     output_dir, *other_dirs = output_dirs.split(os.pathsep)
     with open(os.path.join(output_dir, f"pid-{os.environ['RANK']}"), "w", encoding="utf-8") as f:
@@ -461,6 +526,8 @@ if __name__ == "__main__":
     start = time.perf_counter()
     if mode == "killed":
         run_killed_training(output_dir)
+    elif mode == "deepspeed":
+        run_deepspeed_scenario(output_dir)
     else:
         run_parity_scenarios(output_dir, *other_dirs)
     print(f"process {os.environ['RANK']}: {mode} scenarios ran in {time.perf_counter() - start:.1f}s")
