@@ -27,12 +27,18 @@ import subprocess
 import sys
 import time
 import unittest
+from unittest import mock
 
 import torch
 import torch.distributed as dist
+from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed
+from transformers.trainer_loss_scale_distributed import (
+    check_loss_scale_matches_across_processes,
+    deepspeed_loss_scale_log_values,
+)
 from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
 
 
@@ -356,6 +362,51 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
             assert_exactly_equal(
                 resumed[rank], uninterrupted[rank], f"DeepSpeed: resumed run of process {rank} differs"
             )
+
+
+class LossScaleDistributedHelpersTest(unittest.TestCase):
+    """The helpers of `trainer_loss_scale_distributed` in one process, without DeepSpeed installed."""
+
+    def test_consistency_check_needs_no_collective_in_one_process(self):
+        accelerator = mock.Mock(num_processes=1, scaler=torch.amp.GradScaler("cpu"))
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+        accelerator.gather.assert_not_called()
+
+    @parameterized.expand([("no_scaler", None), ("disabled_scaler", torch.amp.GradScaler("cpu", enabled=False))])
+    def test_consistency_check_without_loss_scaling(self, _, scaler):
+        accelerator = mock.Mock(num_processes=2, scaler=scaler)
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+        accelerator.gather.assert_not_called()
+
+    def test_consistency_check_error_names_every_process(self):
+        scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=3)
+        gathered = torch.tensor([[512.0, 2.0, 0.5, 3.0, 0.0], [2048.0, 2.0, 0.5, 3.0, 1.0]])
+        accelerator = mock.Mock(num_processes=2, scaler=scaler, device=torch.device("cpu"))
+        accelerator.gather.return_value = gathered
+        with self.assertRaises(ValueError) as context:
+            check_loss_scale_matches_across_processes(accelerator, os.path.join("run", "checkpoint-5"))
+        message = str(context.exception)
+        self.assertIn(
+            "(process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 0; "
+            "process 1: scale 2048, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 1)",
+            message,
+        )
+        self.assertIn(f"this process read {os.path.join('run', 'checkpoint-5', 'scaler.pt')}", message)
+        # What this process contributed to the all-gather: its own restored state.
+        (local,) = accelerator.gather.call_args.args
+        self.assertEqual(local.tolist(), [[512.0, 2.0, 0.5, 3.0, 0.0]])
+        accelerator.gather.return_value = gathered[[0, 0]]
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+
+    def test_deepspeed_loss_scale_log_values(self):
+        state = mock.Mock(num_skipped_updates=3)
+        fp16_engine = mock.Mock(fp16_enabled=lambda: True, optimizer=mock.Mock(loss_scale=256.0))
+        self.assertEqual(
+            deepspeed_loss_scale_log_values(fp16_engine, state), {"loss_scale": 256.0, "num_skipped_updates": 3}
+        )
+        bf16_engine = mock.Mock(fp16_enabled=lambda: False, optimizer=mock.Mock(loss_scale=1.0))
+        self.assertEqual(deepspeed_loss_scale_log_values(bf16_engine, state), {})
+        self.assertEqual(deepspeed_loss_scale_log_values(torch.nn.Linear(2, 2), state), {})
 
 
 def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
