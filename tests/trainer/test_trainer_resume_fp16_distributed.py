@@ -119,6 +119,16 @@ class GradientOverflowCallback(TrainerCallback):
         return grad
 
 
+class SaveAtStepsCallback(TrainerCallback):
+    """Saves a checkpoint at the given update steps only: the runs resume from checkpoint-5 and read checkpoint-3."""
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_save = state.global_step in self.steps
+
+
 class KillProcessCallback(TrainerCallback):
     """Kills this process with SIGKILL when update step `step` begins, once every process has reached it."""
 
@@ -138,7 +148,7 @@ def get_fp16_trainer(
     output_dir, optim="adamw_torch", gradient_accumulation_steps=1, overflow_steps=OVERFLOW_STEPS, deepspeed=False
 ):
     """
-    A tiny GPT-2 Trainer that saves every step, with real fp16 autocast and a CPU `GradScaler`, or with DeepSpeed's fp16
+    A tiny GPT-2 Trainer that saves checkpoints 3 and 5, with real fp16 autocast and a CPU `GradScaler`, or with DeepSpeed's fp16
     optimizer and its own loss scaler.
     """
     torch.manual_seed(0)
@@ -156,14 +166,17 @@ def get_fp16_trainer(
         fp16=True,
         use_cpu=not deepspeed,
         deepspeed=DEEPSPEED_CONFIG if deepspeed else None,
-        save_steps=1,
+        save_strategy="no",
         logging_steps=1,
         seed=42,
         report_to=[],
         disable_tqdm=True,
     )
     trainer = Trainer(
-        model, args, train_dataset=RandomTokenDataset(), callbacks=[GradientOverflowCallback(overflow_steps)]
+        model,
+        args,
+        train_dataset=RandomTokenDataset(),
+        callbacks=[GradientOverflowCallback(overflow_steps), SaveAtStepsCallback((3, RESUME_STEP))],
     )
     if not deepspeed:
         trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
