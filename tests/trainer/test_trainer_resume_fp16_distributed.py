@@ -224,9 +224,10 @@ def assert_exactly_equal(actual, expected, msg):
 
 @require_torchrun_with_gloo
 class TrainerResumeFp16DistributedTest(TestCasePlus):
-    def launch(self, mode, output_dir, timeout=LAUNCH_TIMEOUT):
+    def launch(self, mode, output_dir, timeout=LAUNCH_TIMEOUT, script=__file__):
         """
-        Runs the `__main__` block of this file in two processes with `torchrun`; returns (return code, output).
+        Runs `script` (by default the `__main__` block of this file) in two processes with `torchrun`, with arguments
+        `mode output_dir`; returns (return code, output). Each process writes its pid to `output_dir/pid-<rank>`.
 
         On timeout, `torchrun` is asked to stop its workers, and whatever is left (the launcher and each worker, every
         one in its own session) is killed, so that no process outlives the test.
@@ -238,7 +239,7 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
             "--nproc_per_node=2",
             f"--master_port={get_torch_dist_unique_port()}",
             "--max_restarts=0",
-            __file__,
+            script,
             mode,
             output_dir,
         ]
@@ -263,6 +264,22 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
             self.fail(f"`{' '.join(cmd)}` did not finish within {timeout}s and was stopped. Its output:\n{output}")
         self.assertEqual([pid for pid in worker_pids(output_dir) if is_alive(pid)], [], "worker processes outlived")
         return launcher.returncode, output
+
+    def test_launch_that_hangs_is_stopped_without_leaving_processes(self):
+        output_dir = self.get_auto_remove_tmp_dir()
+        script = os.path.join(output_dir, "hang.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(
+                "import os, sys, time\n"
+                "with open(os.path.join(sys.argv[2], 'pid-' + os.environ['RANK']), 'w') as f:\n"
+                "    f.write(str(os.getpid()))\n"
+                "time.sleep(600)\n"
+            )
+        with self.assertRaisesRegex(AssertionError, "did not finish within 10s and was stopped"):
+            self.launch("hang", output_dir, timeout=10, script=script)
+        pids = worker_pids(output_dir)
+        self.assertEqual(len(pids), 2)
+        self.assertEqual([pid for pid in pids if is_alive(pid)], [])
 
     def load_summary(self, output_dir, name, rank):
         return torch.load(os.path.join(output_dir, "results", f"{name}-rank{rank}.pt"), weights_only=True)
