@@ -25,6 +25,12 @@ Scenarios (`--scenarios`, default all):
 - `fused_skip`: two uninterrupted runs, `adamw_torch` and the default `adamw_torch_fused`, with overflows forced at
   `--overflow-steps`. A fused optimizer skips overflowing updates itself, so stock's Trainer does not see the skip and
   advances the LR schedule anyway; the fork holds it, like with `adamw_torch`.
+- `ddp_exact_resume`: the run of `exact_resume` in two processes (DDP over gloo, on CPU, started with torchrun), then
+  resumed from the same checkpoint. Must match bit for bit, and both processes must hold the same model.
+- `ddp_scaler_mismatch`: the same two-process run resumed from per-process copies of the checkpoint, the second one
+  holding a stale `scaler.pt` (from checkpoint-1), as on nodes that each keep their own copy. Each process unscales
+  the averaged gradients with its own scale: stock silently trains two different models; the fork refuses to resume,
+  naming the loss scale of each process.
 
 Choices made to see the bug on a tiny model:
 
@@ -119,8 +125,23 @@ SCENARIOS = {
         "fused_skip/adamw_torch_fused",
         ("adamw_torch", "adamw_torch_fused"),
     ),
+    "ddp_exact_resume": (
+        "2 processes (DDP): exact resume from checkpoint-{r}",
+        "ddp/uninterrupted",
+        "ddp/exact_resume",
+        ("uninterrupted", "resumed"),
+    ),
+    "ddp_scaler_mismatch": (
+        "2 processes (DDP): resume from checkpoint-{r}, process 1 with a stale scaler.pt (from checkpoint-1)",
+        "ddp/uninterrupted",
+        "ddp/scaler_mismatch",
+        ("uninterrupted", "resumed"),
+    ),
 }
 RESUME_SCENARIOS = ("exact_resume", "no_scaler_pt", "bf16_resume")
+DDP_SCENARIOS = ("ddp_exact_resume", "ddp_scaler_mismatch")
+DDP_TIMEOUT = 600  # seconds for the two-process runs of one variant
+DIFFERENT_SCALES_ERROR = "different loss scaler states"
 TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "loss_scale", "num_skipped_updates")
 PROBE_FIELDS = {"repro_loss_scale": "loss_scale", "repro_num_skipped_updates": "num_skipped_updates"}
 MISSING_SCALER_WARNING = "no saved loss scale"
@@ -370,9 +391,136 @@ def run_worker(variant: str, options) -> dict:
                 save=False,
                 **common,
             )
+    if any(scenario in DDP_SCENARIOS for scenario in options.scenarios):
+        runs.update(_launch_ddp_runs(variant, options, base))
     with open(os.path.join(base, "worker.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     return results
+
+
+def _launch_ddp_runs(variant: str, options, base: str) -> dict:
+    """
+    Runs the DDP scenarios in two processes started with torchrun (`--ddp-worker`), with the `transformers` this
+    worker imports. Returns their run records. On timeout, torchrun is stopped, and it stops its processes.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={port}",
+        "--max_restarts=0",
+        *_worker_command(variant, options, worker_flag="--ddp-worker")[1:],
+    ]
+    print(f"[{variant}] ddp: running 2 processes ...", flush=True)
+    launcher = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        returncode = launcher.wait(timeout=DDP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        launcher.terminate()
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()
+        returncode = f"timeout after {DDP_TIMEOUT} s"
+    path = os.path.join(base, "ddp", "ddp.json")
+    if returncode != 0 or not os.path.isfile(path):
+        error = f"the two-process run failed (torchrun exit status {returncode})"
+        return {name: {"dir": None, "status": "crashed", "error": error} for name in ("ddp/uninterrupted",)}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _flat_weights(model):
+    import torch
+
+    return torch.cat([tensor.detach().reshape(-1).float() for tensor in model.state_dict().values()])
+
+
+def run_ddp_worker(variant: str, options) -> None:
+    """
+    Runs in each of the two torchrun processes: the uninterrupted run, the exact resume and the resume with a stale
+    `scaler.pt` on the second process. The first process writes the records to `<out>/<variant>/ddp/ddp.json`; each
+    record says whether the two processes ended with the same model.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import transformers
+
+    torch.set_num_threads(1)
+    transformers.utils.logging.set_verbosity_info()
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.disable_progress_bar()
+    capture = _MessageCapture()
+    logging.getLogger("transformers").addHandler(capture)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    base = os.path.join(options.out, variant, "ddp")
+    if rank == 0:
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(base)
+    dist.barrier()
+    common = {"options": options, "device": "cpu", "precision": "fp16", "optim": "adamw_torch_fused"}
+    baseline = os.path.join(base, "uninterrupted")
+
+    def run(name, run_dir, resume_from=None):
+        capture.reset()
+        start = time.perf_counter()
+        record = {"dir": run_dir, "status": "ok", "error": None}
+        trainer = None
+        try:
+            trainer = _run_training(run_dir, resume_from=resume_from, **common)
+        except Exception as error:
+            record["status"] = "crashed"
+            record["error"] = f"{type(error).__name__}: {error}"
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        record["messages"] = list(dict.fromkeys(capture.messages))
+        record["other_warnings"] = list(dict.fromkeys(capture.other_warnings))
+        if trainer is not None:
+            weights = _flat_weights(trainer.model)
+            gathered = [torch.empty_like(weights) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, weights)
+            record["processes_hold_the_same_model"] = all(torch.equal(gathered[0], other) for other in gathered)
+        if rank == 0:
+            outcome = "done" if record["status"] == "ok" else f"CRASHED ({record['error']})"
+            print(f"[{variant}] {name}: {outcome} in {record['seconds']} s", flush=True)
+        dist.barrier()
+        return record
+
+    runs = {"ddp/uninterrupted": run("ddp/uninterrupted", baseline)}
+    if runs["ddp/uninterrupted"]["status"] == "ok":
+        step = options.resume_step
+        if "ddp_exact_resume" in options.scenarios:
+            run_dir = os.path.join(base, "exact_resume")
+            if rank == 0:
+                _copy_checkpoint(baseline, step, run_dir)
+            dist.barrier()
+            runs["ddp/exact_resume"] = run(
+                "ddp/exact_resume", run_dir, resume_from=os.path.join(run_dir, f"checkpoint-{step}")
+            )
+        if "ddp_scaler_mismatch" in options.scenarios:
+            run_dir = os.path.join(base, "scaler_mismatch")
+            copies = [os.path.join(base, f"scaler_mismatch_copy_{r}") for r in range(dist.get_world_size())]
+            if rank == 0:
+                for copy in copies:
+                    _copy_checkpoint(baseline, step, copy)
+                stale = os.path.join(baseline, "checkpoint-1", "scaler.pt")
+                shutil.copy(stale, os.path.join(copies[1], f"checkpoint-{step}", "scaler.pt"))
+            dist.barrier()
+            runs["ddp/scaler_mismatch"] = run(
+                "ddp/scaler_mismatch", run_dir, resume_from=os.path.join(copies[rank], f"checkpoint-{step}")
+            )
+    if rank == 0:
+        with open(os.path.join(base, "ddp.json"), "w", encoding="utf-8") as f:
+            json.dump(runs, f, indent=2)
+    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -413,11 +561,11 @@ def ensure_stock_src(stock_src: str) -> None:
         fail(f"cannot extract {STOCK_TAG} from {FORK_DIR} into {target}: {error}")
 
 
-def _worker_command(variant: str, options) -> list[str]:
+def _worker_command(variant: str, options, worker_flag: str = "--worker") -> list[str]:
     return [
         sys.executable,
         os.path.abspath(__file__),
-        "--worker",
+        worker_flag,
         variant,
         "--out",
         options.out,
@@ -525,6 +673,7 @@ def compare_variant(scenario: str, worker: dict) -> dict:
         "comparison": resume_diff.compare_histories(history_a, history_b),
         "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
         "skipped_steps": [step for step in rows_b if resume_diff.was_skipped(rows_b, step)],
+        "processes_hold_the_same_model": candidate.get("processes_hold_the_same_model") if candidate else None,
     }
     result["verdict"] = verdict(scenario, result)
     result["behaves_as_fixed"] = fork_behaves_as_fixed(scenario, result)
@@ -540,6 +689,8 @@ def _short(value) -> str:
 def verdict(scenario: str, result: dict) -> str:
     """One line saying what happened in `scenario` for one variant."""
     if result["status"] == "crashed":
+        if scenario == "ddp_scaler_mismatch" and DIFFERENT_SCALES_ERROR in (result["error"] or ""):
+            return f"refuses to resume: {_shorten(_without_dirs(result['error']), 160)}"
         return f"crashes: {result['error']}"
     parts = []
     comparison = result["comparison"]
@@ -563,6 +714,9 @@ def verdict(scenario: str, result: dict) -> str:
             f"diverges at step {divergence['step']} ({first['field']} {_short(first['a'])} -> {_short(first['b'])}"
             f"{cause})"
         )
+    if result.get("processes_hold_the_same_model") is not None:
+        same = result["processes_hold_the_same_model"]
+        parts.append("both processes hold the same model" if same else "the two processes now train DIFFERENT models")
     if scenario in ("no_scaler_pt", "bf16_resume"):
         messages = result["messages"]
         parts.append(
@@ -586,8 +740,12 @@ def _shorten(text: str, width: int = 110) -> str:
 
 def fork_behaves_as_fixed(scenario: str, result: dict) -> bool:
     """Whether a variant shows the fixed behavior in `scenario` (the fork must; stock is shown for contrast)."""
+    if scenario == "ddp_scaler_mismatch":
+        return result["status"] == "crashed" and DIFFERENT_SCALES_ERROR in (result["error"] or "")
     if result["status"] != "ok":
         return False
+    if scenario == "ddp_exact_resume":
+        return result["comparison"]["identical"] and result["processes_hold_the_same_model"] is True
     if scenario == "exact_resume":
         return result["comparison"]["identical"]
     if scenario == "no_scaler_pt":
@@ -679,7 +837,7 @@ def build_report(options, workers: dict) -> dict:
 def print_report(report: dict, options) -> None:
     for number, (scenario, entry) in enumerate(report["scenarios"].items(), start=1):
         print(f"\n=== {number}. {scenario}: {entry['title']}")
-        first_step = max(1, options.resume_step - 1) if scenario in RESUME_SCENARIOS else 1
+        first_step = max(1, options.resume_step - 1) if scenario in RESUME_SCENARIOS + DDP_SCENARIOS else 1
         for variant, result in entry["variants"].items():
             note = " (loss scale and skips observed by repro: this Trainer does not log them)"
             print(f"\n{variant}{note if result['loss_scale_observed_by_repro'] else ''}:")
@@ -738,7 +896,7 @@ def plot_report(report: dict, options, path: str) -> None:
                     points = [(s, v) for s, v in points if math.isfinite(v)]
                     if points:
                         ax.plot(*zip(*points), color=colors[variant], label=f"{variant} {label}", **style)
-            if scenario in RESUME_SCENARIOS:
+            if scenario in RESUME_SCENARIOS + DDP_SCENARIOS:
                 ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
             if field == "loss_scale":
                 ax.set_yscale("log", base=2)
@@ -780,6 +938,7 @@ def parse_args(argv=None):
         "9,10 for 20 steps)",
     )
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-worker", choices=VARIANTS, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     options.out = os.path.abspath(options.out)
     options.stock_src = os.path.abspath(options.stock_src)
@@ -812,6 +971,9 @@ def main(argv=None) -> int:
     options = parse_args(argv)
     if options.worker:
         run_worker(options.worker, options)
+        return 0
+    if options.ddp_worker:
+        run_ddp_worker(options.ddp_worker, options)
         return 0
     start = time.perf_counter()
     if "stock" in options.variants:

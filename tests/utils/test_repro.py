@@ -76,6 +76,25 @@ def test_verdicts():
     assert not repro.fork_behaves_as_fixed("no_scaler_pt", _result(ROWS, reset))
 
 
+def test_ddp_verdicts():
+    same = {**_result(ROWS, ROWS), "processes_hold_the_same_model": True}
+    assert repro.verdict("ddp_exact_resume", same) == (
+        "identical (2 steps, bit-exact); both processes hold the same model"
+    )
+    assert repro.fork_behaves_as_fixed("ddp_exact_resume", same)
+    assert not repro.fork_behaves_as_fixed("ddp_exact_resume", {**same, "processes_hold_the_same_model": False})
+    drifted = {**_result(ROWS, {1: ROWS[1], 2: {**ROWS[2], "loss": 4.8}}), "processes_hold_the_same_model": False}
+    assert repro.verdict("ddp_scaler_mismatch", drifted).endswith("the two processes now train DIFFERENT models")
+    assert not repro.fork_behaves_as_fixed("ddp_scaler_mismatch", drifted)
+    error = "ValueError: The processes restored different loss scaler states from their checkpoint (process 0: ...)"
+    refused = _result(ROWS, {}, status="crashed", error=error)
+    assert repro.verdict("ddp_scaler_mismatch", refused) == f"refuses to resume: {error}"
+    assert repro.fork_behaves_as_fixed("ddp_scaler_mismatch", refused)
+    other_crash = _result(ROWS, {}, status="crashed", error="RuntimeError: gloo timeout")
+    assert repro.verdict("ddp_scaler_mismatch", other_crash) == "crashes: RuntimeError: gloo timeout"
+    assert not repro.fork_behaves_as_fixed("ddp_scaler_mismatch", other_crash)
+
+
 def test_table_marks_the_first_divergence():
     reset = {1: ROWS[1], 2: {**ROWS[2], "loss_scale": 32768.0}}
     table = repro.format_table("no_scaler_pt", _result(ROWS, reset))
@@ -88,7 +107,10 @@ def test_table_marks_the_first_divergence():
 
 def test_end_to_end_stock_and_fork(tmp_path):
     out = tmp_path / "repro"
+    # The single-process scenarios; the two-process ones (torchrun) are covered by `make repro` and the verdict tests.
+    scenarios = ["exact_resume", "no_scaler_pt", "bf16_resume", "fused_skip"]
     command = [sys.executable, "utils/repro.py", "--steps", "6", "--resume-step", "3", "--out", str(out)]
+    command += ["--scenarios", *scenarios]
     completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "=== verdicts" in completed.stdout
@@ -99,8 +121,8 @@ def test_end_to_end_stock_and_fork(tmp_path):
     assert report["fork_as_expected"] is True
     assert "build/stock/src" in report["variants"]["stock"]["transformers_file"]
     assert "build/stock" not in report["variants"]["fork"]["transformers_file"]
+    assert list(report["scenarios"]) == scenarios
     scenarios = report["scenarios"]
-    assert list(scenarios) == ["exact_resume", "no_scaler_pt", "bf16_resume", "fused_skip"]
     stock = {name: entry["variants"]["stock"] for name, entry in scenarios.items()}
     fork = {name: entry["variants"]["fork"] for name, entry in scenarios.items()}
 

@@ -1,0 +1,614 @@
+# Copyright 2026 The HuggingFace Team. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""
+Exact resume of fp16 mixed precision training with two processes (DDP over gloo, on CPU).
+
+The tests launch this file with `torchrun` (see the `__main__` block at the end). Each process trains the tiny GPT-2 of
+`test_trainer_resume_fp16.py` with real fp16 autocast and a CPU `GradScaler`, and saves what it ended with; the tests
+compare those files bit for bit. Starting two processes costs far more than training, so one launch runs every scenario
+in sequence.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from parameterized import parameterized
+
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed
+from transformers.trainer_loss_scale_distributed import (
+    check_loss_scale_matches_across_processes,
+    deepspeed_loss_scale_log_values,
+)
+from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
+
+
+# Overflows are injected at these update steps. With `growth_interval=3` the scale grows at step 3, then backs off three
+# times; checkpoint-5 sits inside the streak of skipped updates.
+OVERFLOW_STEPS = (4, 5, 6)
+MAX_STEPS = 12
+RESUME_STEP = 5
+LOGGED_FIELDS = ("loss", "grad_norm", "learning_rate", "loss_scale", "num_skipped_updates")
+PARITY_SCENARIOS = [(optim, accumulation) for optim in ("adamw_torch", "adamw_torch_fused") for accumulation in (1, 2)]
+# The harness's determinism settings (`transformers.testing_isolation`), for every process of a launch.
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
+LAUNCH_TIMEOUT = 300
+# The same loss scale schedule as the `GradScaler` of the other tests: 2**10 at first, doubled after 3 updates without
+# overflow, halved at each overflow.
+DEEPSPEED_CONFIG = {
+    "fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 3, "hysteresis": 1},
+    "zero_optimization": {"stage": 0},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
+
+
+def require_torchrun_with_gloo(test_case):
+    """Skips unless this platform can launch two CPU processes with `torchrun` and the gloo backend."""
+    if not dist.is_available():
+        return unittest.skip("test requires torch.distributed, which this build of torch lacks")(test_case)
+    if not dist.is_gloo_available():
+        return unittest.skip("test requires the gloo backend of torch.distributed, which this platform lacks")(
+            test_case
+        )
+    try:
+        import torch.distributed.run  # noqa: F401
+    except ImportError as error:
+        return unittest.skip(f"test requires torchrun (torch.distributed.run), which cannot be imported: {error}")(
+            test_case
+        )
+    return test_case
+
+
+class RandomTokenDataset(torch.utils.data.Dataset):
+    def __init__(self, length=64, seq_length=16, vocab_size=64):
+        generator = torch.Generator().manual_seed(0)
+        self.input_ids = torch.randint(0, vocab_size, (length, seq_length), generator=generator)
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.input_ids[i], "labels": self.input_ids[i]}
+
+
+class GradientOverflowCallback(TrainerCallback):
+    """
+    Turns one entry of this process's local embedding gradient into `inf` during the update steps in `steps`, before
+    DDP all-reduces it. Records the steps at which it did.
+    """
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+        self.active = False
+        self.injected_steps = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model.get_input_embeddings().weight.register_hook(self._overflow)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.active = state.global_step + 1 in self.steps
+        if self.active:
+            self.injected_steps.append(state.global_step + 1)
+
+    def _overflow(self, grad):
+        if not self.active:
+            return grad
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+
+class SaveAtStepsCallback(TrainerCallback):
+    """Saves a checkpoint at the given update steps only: the runs resume from checkpoint-5 and read checkpoint-3."""
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_save = state.global_step in self.steps
+
+
+class KillProcessCallback(TrainerCallback):
+    """Kills this process with SIGKILL when update step `step` begins, once every process has reached it."""
+
+    def __init__(self, step, rank):
+        self.step = step
+        self.rank = rank
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            # Every process has finished writing the previous checkpoint once all of them reach this barrier.
+            dist.barrier()
+            if args.process_index == self.rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def get_fp16_trainer(
+    output_dir, optim="adamw_torch", gradient_accumulation_steps=1, overflow_steps=OVERFLOW_STEPS, deepspeed=False
+):
+    """
+    A tiny GPT-2 Trainer that saves checkpoints 3 and 5, with real fp16 autocast and a CPU `GradScaler`, or with DeepSpeed's fp16
+    optimizer and its own loss scaler.
+    """
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    )
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        optim=optim,
+        fp16=True,
+        use_cpu=not deepspeed,
+        deepspeed=DEEPSPEED_CONFIG if deepspeed else None,
+        save_strategy="no",
+        logging_steps=1,
+        seed=42,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model,
+        args,
+        train_dataset=RandomTokenDataset(),
+        callbacks=[GradientOverflowCallback(overflow_steps), SaveAtStepsCallback((3, RESUME_STEP))],
+    )
+    if not deepspeed:
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+        trainer.accelerator.native_amp = True
+    return trainer
+
+
+def training_summary(trainer):
+    """What one process ended a run with: its per-step logs, counters, and final states."""
+    overflow_callback = trainer.callback_handler.pop_callback(GradientOverflowCallback)
+    return {
+        "logs": {
+            entry["step"]: {field: entry.get(field) for field in LOGGED_FIELDS}
+            for entry in trainer.state.log_history
+            if "loss" in entry
+        },
+        "global_step": trainer.state.global_step,
+        "num_skipped_updates": trainer.state.num_skipped_updates,
+        "injected_overflow_steps": overflow_callback.injected_steps,
+        "model": trainer.model.state_dict(),
+        "scheduler": trainer.lr_scheduler.state_dict(),
+        **(deepspeed_state(trainer.model_wrapped) if trainer.is_deepspeed_enabled else {}),
+        **(
+            {}
+            if trainer.is_deepspeed_enabled
+            else {"optimizer": trainer.optimizer.state_dict(), "scaler": trainer.accelerator.scaler.state_dict()}
+        ),
+    }
+
+
+def deepspeed_state(engine):
+    """The state of DeepSpeed's fp16 optimizer: its loss scaler, its skipped step count and the wrapped optimizer."""
+    fp16_optimizer = engine.optimizer
+    loss_scaler = fp16_optimizer.state_dict()
+    return {
+        "optimizer": fp16_optimizer.optimizer.state_dict(),
+        "scaler": {key: loss_scaler[key] for key in ("cur_scale", "cur_iter", "last_overflow_iter")},
+        "skipped_steps": engine.skipped_steps,
+    }
+
+
+def assert_exactly_equal(actual, expected, msg):
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=lambda details: f"{msg}: {details}")
+
+
+@require_torchrun_with_gloo
+class TrainerResumeFp16DistributedTest(TestCasePlus):
+    def launch(self, mode, output_dir, timeout=LAUNCH_TIMEOUT, script=__file__):
+        """
+        Runs `script` (by default the `__main__` block of this file) in two processes with `torchrun`, with arguments
+        `mode output_dir`; returns (return code, output). Each process writes its pid to `output_dir/pid-<rank>`.
+
+        On timeout, `torchrun` is asked to stop its workers, and whatever is left (the launcher and each worker, every
+        one in its own session) is killed, so that no process outlives the test.
+        """
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={get_torch_dist_unique_port()}",
+            "--max_restarts=0",
+            script,
+            mode,
+            output_dir,
+        ]
+        env = {**self.get_env(), **DETERMINISTIC_ENV, "OMP_NUM_THREADS": "1"}
+        launcher = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            output, _ = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.send_signal(signal.SIGTERM)
+            try:
+                output, _ = launcher.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                output, _ = launcher.communicate()
+            for pid in worker_pids(output_dir):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.fail(f"`{' '.join(cmd)}` did not finish within {timeout}s and was stopped. Its output:\n{output}")
+        self.assertEqual([pid for pid in worker_pids(output_dir) if is_alive(pid)], [], "worker processes outlived")
+        return launcher.returncode, output
+
+    def test_launch_that_hangs_is_stopped_without_leaving_processes(self):
+        output_dir = self.get_auto_remove_tmp_dir()
+        script = os.path.join(output_dir, "hang.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(
+                "import os, sys, time\n"
+                "with open(os.path.join(sys.argv[2], 'pid-' + os.environ['RANK']), 'w') as f:\n"
+                "    f.write(str(os.getpid()))\n"
+                "time.sleep(600)\n"
+            )
+        with self.assertRaisesRegex(AssertionError, "did not finish within 10s and was stopped"):
+            self.launch("hang", output_dir, timeout=10, script=script)
+        pids = worker_pids(output_dir)
+        self.assertEqual(len(pids), 2)
+        self.assertEqual([pid for pid in pids if is_alive(pid)], [])
+
+    def load_summary(self, output_dir, name, rank):
+        return torch.load(os.path.join(output_dir, "results", f"{name}-rank{rank}.pt"), weights_only=True)
+
+    def test_fp16_resume_matches_uninterrupted_run_on_every_process(self):
+        killed_dir = self.get_auto_remove_tmp_dir()
+        returncode, output = self.launch("killed", killed_dir)
+        # The second process died from SIGKILL after checkpoint-5, and torchrun stopped the first one.
+        self.assertNotEqual(returncode, 0, output)
+        self.assertIn("Signal 9 (SIGKILL) received by PID", output)
+        self.assertEqual(get_last_checkpoint(killed_dir), os.path.join(killed_dir, f"checkpoint-{RESUME_STEP}"))
+
+        output_dir = self.get_auto_remove_tmp_dir()
+        returncode, output = self.launch("parity", output_dir + os.pathsep + killed_dir)
+        self.assertEqual(returncode, 0, output)
+
+        for optim, accumulation in PARITY_SCENARIOS:
+            name = f"{optim}-{accumulation}"
+            with self.subTest(optim=optim, gradient_accumulation_steps=accumulation):
+                uninterrupted = [self.load_summary(output_dir, f"{name}-uninterrupted", rank) for rank in (0, 1)]
+                resumed = [self.load_summary(output_dir, f"{name}-resumed", rank) for rank in (0, 1)]
+                # The scenario exercises the loss scale on both processes: the same three updates were skipped.
+                for summary in uninterrupted:
+                    self.assertEqual(summary.pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
+                    self.assertEqual(summary["num_skipped_updates"], len(OVERFLOW_STEPS))
+                    scales = [entry["loss_scale"] for entry in summary["logs"].values()]
+                    self.assertGreater(max(scales), scales[0])
+                # Both processes hold the same model, optimizer, scheduler and scaler, and logged the same steps.
+                assert_exactly_equal(uninterrupted[1], uninterrupted[0], f"{name}: process 1 differs from process 0")
+                for rank in (0, 1):
+                    # The resumed run injects the overflows left after the checkpoint.
+                    self.assertEqual(resumed[rank].pop("injected_overflow_steps"), [RESUME_STEP + 1])
+                    self.assertEqual(resumed[rank]["global_step"], MAX_STEPS)
+                    assert_exactly_equal(
+                        resumed[rank], uninterrupted[rank], f"{name}: resumed run of process {rank} differs"
+                    )
+
+        baseline = [self.load_summary(output_dir, "adamw_torch-1-uninterrupted", rank) for rank in (0, 1)]
+        for summary in baseline:
+            del summary["injected_overflow_steps"]
+        with self.subTest("overflow on one process only"):
+            # Only the first process puts an inf in its local gradients. DDP averages the gradients of both processes,
+            # so the inf reaches both: each scaler skips the same updates and backs off the same way, exactly as when
+            # every process overflows.
+            one_process = [self.load_summary(output_dir, "overflow-on-process-0", rank) for rank in (0, 1)]
+            self.assertEqual(one_process[0].pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
+            self.assertEqual(one_process[1].pop("injected_overflow_steps"), [])
+            for rank in (0, 1):
+                self.assertEqual(one_process[rank]["num_skipped_updates"], len(OVERFLOW_STEPS))
+                assert_exactly_equal(one_process[rank], baseline[rank], f"process {rank} with one overflowing process")
+
+        with self.subTest("resume after a process was killed"):
+            for rank in (0, 1):
+                resumed = self.load_summary(output_dir, "resumed-after-kill", rank)
+                self.assertEqual(resumed.pop("injected_overflow_steps"), [RESUME_STEP + 1])
+                assert_exactly_equal(resumed, baseline[rank], f"process {rank} resumed after the kill")
+
+        with self.subTest("FSDP2"):
+            uninterrupted = [self.load_summary(output_dir, "fsdp2-uninterrupted", rank) for rank in (0, 1)]
+            # Only the first process's gradient shard overflowed, yet both processes skipped the same updates: the
+            # scaler's inf check on sharded gradients (DTensor) reduces the flag over all processes.
+            for summary in uninterrupted:
+                skipped = [step for step, entry in summary["logs"].items() if entry["skipped"]]
+                self.assertEqual(skipped, list(OVERFLOW_STEPS))
+            self.assertEqual(uninterrupted[1]["logs"], uninterrupted[0]["logs"])
+            resumed = [self.load_summary(output_dir, "fsdp2-resumed", rank) for rank in (0, 1)]
+            if not accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
+                # accelerate#4289: loading the optimizer runs a dummy step through the scaler of the resumed run.
+                for summary in resumed:
+                    self.assertIn("Attempted step but _scale is None", summary["error"])
+                self.skipTest(
+                    "this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced); the fix is "
+                    "patches/accelerate/fsdp2_keep_the_gradscaler_out_of_the_optimizer_state_dict_apis.patch"
+                )
+            for rank in (0, 1):
+                expected = {**uninterrupted[rank], "logs": {}}
+                expected["logs"] = {s: e for s, e in uninterrupted[rank]["logs"].items() if s > RESUME_STEP}
+                assert_exactly_equal(resumed[rank], expected, f"FSDP2 resumed run of process {rank} differs")
+
+        with self.subTest("processes restore different loss scales"):
+            for rank in (0, 1):
+                error = self.load_summary(output_dir, "different-scaler-files", rank)
+                self.assertEqual(error["type"], "ValueError", error["message"])
+                self.assertIn("The processes restored different loss scaler states", error["message"])
+                self.assertIn(
+                    "process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3", error["message"]
+                )
+                self.assertIn("process 1: scale 2048, growth_factor 2", error["message"])
+
+    @require_deepspeed
+    def test_deepspeed_fp16_resume_matches_uninterrupted_run_on_every_process(self):
+        output_dir = self.get_auto_remove_tmp_dir()
+        returncode, output = self.launch("deepspeed", output_dir)
+        self.assertEqual(returncode, 0, output)
+        uninterrupted = [self.load_summary(output_dir, "deepspeed-uninterrupted", rank) for rank in (0, 1)]
+        resumed = [self.load_summary(output_dir, "deepspeed-resumed", rank) for rank in (0, 1)]
+        for summary in uninterrupted:
+            self.assertEqual(summary.pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
+            # DeepSpeed's loss scaler skipped the overflowing updates; the Trainer counted them and logs its scale.
+            self.assertEqual(summary["skipped_steps"], len(OVERFLOW_STEPS))
+            self.assertEqual(summary["num_skipped_updates"], len(OVERFLOW_STEPS))
+            logs = summary["logs"]
+            self.assertEqual(logs[1]["loss_scale"], 2.0**10)
+            for step in OVERFLOW_STEPS:
+                self.assertEqual(logs[step]["loss_scale"], logs[step - 1]["loss_scale"] / 2)
+            self.assertEqual([logs[step]["num_skipped_updates"] for step in OVERFLOW_STEPS], [1, 2, 3])
+        assert_exactly_equal(uninterrupted[1], uninterrupted[0], "DeepSpeed: process 1 differs from process 0")
+        for rank in (0, 1):
+            self.assertEqual(resumed[rank].pop("injected_overflow_steps"), [RESUME_STEP + 1])
+            assert_exactly_equal(
+                resumed[rank], uninterrupted[rank], f"DeepSpeed: resumed run of process {rank} differs"
+            )
+
+
+class LossScaleDistributedHelpersTest(unittest.TestCase):
+    """The helpers of `trainer_loss_scale_distributed` in one process, without DeepSpeed installed."""
+
+    def test_consistency_check_needs_no_collective_in_one_process(self):
+        accelerator = mock.Mock(num_processes=1, scaler=torch.amp.GradScaler("cpu"))
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+        accelerator.gather.assert_not_called()
+
+    @parameterized.expand([("no_scaler", None), ("disabled_scaler", torch.amp.GradScaler("cpu", enabled=False))])
+    def test_consistency_check_without_loss_scaling(self, _, scaler):
+        accelerator = mock.Mock(num_processes=2, scaler=scaler)
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+        accelerator.gather.assert_not_called()
+
+    def test_consistency_check_error_names_every_process(self):
+        scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=3)
+        gathered = torch.tensor([[512.0, 2.0, 0.5, 3.0, 0.0], [2048.0, 2.0, 0.5, 3.0, 1.0]])
+        accelerator = mock.Mock(num_processes=2, scaler=scaler, device=torch.device("cpu"))
+        accelerator.gather.return_value = gathered
+        with self.assertRaises(ValueError) as context:
+            check_loss_scale_matches_across_processes(accelerator, os.path.join("run", "checkpoint-5"))
+        message = str(context.exception)
+        self.assertIn(
+            "(process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 0; "
+            "process 1: scale 2048, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 1)",
+            message,
+        )
+        self.assertIn(f"this process read {os.path.join('run', 'checkpoint-5', 'scaler.pt')}", message)
+        # What this process contributed to the all-gather: its own restored state.
+        (local,) = accelerator.gather.call_args.args
+        self.assertEqual(local.tolist(), [[512.0, 2.0, 0.5, 3.0, 0.0]])
+        accelerator.gather.return_value = gathered[[0, 0]]
+        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
+
+    def test_deepspeed_loss_scale_log_values(self):
+        state = mock.Mock(num_skipped_updates=3)
+        fp16_engine = mock.Mock(fp16_enabled=lambda: True, optimizer=mock.Mock(loss_scale=256.0))
+        self.assertEqual(
+            deepspeed_loss_scale_log_values(fp16_engine, state), {"loss_scale": 256.0, "num_skipped_updates": 3}
+        )
+        bf16_engine = mock.Mock(fp16_enabled=lambda: False, optimizer=mock.Mock(loss_scale=1.0))
+        self.assertEqual(deepspeed_loss_scale_log_values(bf16_engine, state), {})
+        self.assertEqual(deepspeed_loss_scale_log_values(torch.nn.Linear(2, 2), state), {})
+
+
+def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
+    """Whether Accelerate has the fix for accelerate#4289 (its FSDP helpers hand the unwrapped optimizer to torch)."""
+    from accelerate.utils import fsdp_utils
+
+    return hasattr(fsdp_utils, "_optimizer_for_state_dict_apis")
+
+
+def worker_pids(output_dir):
+    pids = []
+    for directory in output_dir.split(os.pathsep):
+        for name in os.listdir(directory) if os.path.isdir(directory) else []:
+            if name.startswith("pid-"):
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    pids.append(int(f.read()))
+    return pids
+
+
+def is_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def save_summary(output_dir, name, summary):
+    os.makedirs(os.path.join(output_dir, "results"), exist_ok=True)
+    torch.save(summary, os.path.join(output_dir, "results", f"{name}-rank{dist.get_rank()}.pt"))
+
+
+def run_killed_training(output_dir):
+    trainer = get_fp16_trainer(output_dir)
+    trainer.add_callback(KillProcessCallback(RESUME_STEP + 1, rank=1))
+    trainer.train()
+
+
+def local_tensors(state):
+    """`state` with each `DTensor` replaced by this process's shard, so that it can be saved and loaded weights-only."""
+    if isinstance(state, dict):
+        return {key: local_tensors(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(local_tensors(value) for value in state)
+    return state.to_local() if hasattr(state, "to_local") else state
+
+
+def train_fsdp2(output_dir, resume=False):
+    """
+    Trains a small `fully_shard` model with fp16 autocast the way the Trainer does under FSDP2 (an `AcceleratedOptimizer`
+    driving the `GradScaler`, checkpoints written by Accelerate's FSDP helpers plus `scaler.pt`), or resumes it from
+    checkpoint `RESUME_STEP` in the Trainer's order: model, optimizer, then scaler. The first process puts an inf in its
+    shard of the gradients at `OVERFLOW_STEPS`, after the reduce-scatter. Returns what this process ended with.
+    """
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+    from torch.distributed.fsdp import fully_shard
+
+    accelerator = Accelerator(cpu=True)
+    fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16))
+    for module in (model[0], model[2], model):
+        fully_shard(module)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    optimizer = AcceleratedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), scaler=scaler)
+    checkpoint = os.path.join(output_dir, f"checkpoint-{RESUME_STEP}")
+    first_step = 1
+    if resume:
+        load_fsdp_model(fsdp_plugin, accelerator, model, checkpoint)
+        try:
+            load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, checkpoint)
+        except AssertionError as error:
+            return {"error": str(error)}
+        scaler.load_state_dict(torch.load(os.path.join(checkpoint, "scaler.pt"), weights_only=True))
+        first_step = RESUME_STEP + 1
+    logs = {}
+    for step in range(first_step, MAX_STEPS + 1):
+        inputs = torch.randn(4, 16, generator=torch.Generator().manual_seed(1000 * step + dist.get_rank()))
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(inputs).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if step in OVERFLOW_STEPS and dist.get_rank() == 0:
+            model[0].weight.grad.to_local().view(-1)[0] = float("inf")
+        optimizer.step()
+        optimizer.zero_grad()
+        logs[step] = {"loss_scale": scaler.get_scale(), "skipped": optimizer.step_was_skipped}
+        if step == RESUME_STEP and not resume:
+            save_fsdp_model(fsdp_plugin, accelerator, model, checkpoint)
+            save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, checkpoint)
+            if accelerator.is_main_process:
+                torch.save(scaler.state_dict(), os.path.join(checkpoint, "scaler.pt"))
+            accelerator.wait_for_everyone()
+    return {
+        "logs": logs,
+        "model": local_tensors(model.state_dict()),
+        "optimizer": local_tensors(optimizer.state_dict()),
+        "scaler": scaler.state_dict(),
+    }
+
+
+def run_parity_scenarios(output_dir, killed_dir):
+    rank = int(os.environ["RANK"])
+    for optim, accumulation in PARITY_SCENARIOS:
+        name = f"{optim}-{accumulation}"
+        uninterrupted_dir = os.path.join(output_dir, name)
+        trainer = get_fp16_trainer(uninterrupted_dir, optim, accumulation)
+        trainer.train()
+        save_summary(output_dir, f"{name}-uninterrupted", training_summary(trainer))
+
+        trainer = get_fp16_trainer(os.path.join(output_dir, f"{name}-resumed"), optim, accumulation)
+        trainer.train(resume_from_checkpoint=os.path.join(uninterrupted_dir, f"checkpoint-{RESUME_STEP}"))
+        save_summary(output_dir, f"{name}-resumed", training_summary(trainer))
+
+    trainer = get_fp16_trainer(
+        os.path.join(output_dir, "overflow-on-process-0"), overflow_steps=OVERFLOW_STEPS if rank == 0 else ()
+    )
+    trainer.train()
+    save_summary(output_dir, "overflow-on-process-0", training_summary(trainer))
+
+    trainer = get_fp16_trainer(os.path.join(output_dir, "resumed-after-kill"))
+    trainer.train(resume_from_checkpoint=get_last_checkpoint(killed_dir))
+    save_summary(output_dir, "resumed-after-kill", training_summary(trainer))
+
+    fsdp2_dir = os.path.join(output_dir, "fsdp2")
+    save_summary(output_dir, "fsdp2-uninterrupted", train_fsdp2(fsdp2_dir))
+    save_summary(output_dir, "fsdp2-resumed", train_fsdp2(fsdp2_dir, resume=True))
+
+    # Each process resumes from its own copy of the checkpoint, as on nodes without shared storage, and the copy of
+    # the second process holds the loss scaler state of another step.
+    source = os.path.join(output_dir, "adamw_torch-1")
+    copy = os.path.join(output_dir, f"different-scaler-files-{rank}")
+    if rank == 0:
+        for i in (0, 1):
+            shutil.copytree(os.path.join(source, f"checkpoint-{RESUME_STEP}"), copy[:-1] + str(i))
+        shutil.copy(os.path.join(source, "checkpoint-3", "scaler.pt"), copy[:-1] + "1")
+    dist.barrier()
+    trainer = get_fp16_trainer(os.path.join(output_dir, "different-scaler-files"))
+    try:
+        trainer.train(resume_from_checkpoint=copy)
+        summary = {"type": None, "message": "resumed without error", "model": trainer.model.state_dict()}
+    except Exception as error:
+        summary = {"type": type(error).__name__, "message": str(error)}
+    save_summary(output_dir, "different-scaler-files", summary)
+
+
+def run_deepspeed_scenario(output_dir):
+    uninterrupted_dir = os.path.join(output_dir, "uninterrupted")
+    trainer = get_fp16_trainer(uninterrupted_dir, deepspeed=True)
+    trainer.train()
+    save_summary(output_dir, "deepspeed-uninterrupted", training_summary(trainer))
+    trainer = get_fp16_trainer(os.path.join(output_dir, "resumed"), deepspeed=True)
+    trainer.train(resume_from_checkpoint=os.path.join(uninterrupted_dir, f"checkpoint-{RESUME_STEP}"))
+    save_summary(output_dir, "deepspeed-resumed", training_summary(trainer))
+
+
+if __name__ == "__main__":
+    # Run by the tests above, in each process of a launch:
+    #   python -m torch.distributed.run --nproc_per_node=2 tests/trainer/test_trainer_resume_fp16_distributed.py \
+    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR}
+    mode, output_dirs = sys.argv[1:]
+    output_dir, *other_dirs = output_dirs.split(os.pathsep)
+    with open(os.path.join(output_dir, f"pid-{os.environ['RANK']}"), "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    enable_full_determinism(42)
+    start = time.perf_counter()
+    if mode == "killed":
+        run_killed_training(output_dir)
+    elif mode == "deepspeed":
+        run_deepspeed_scenario(output_dir)
+    else:
+        run_parity_scenarios(output_dir, *other_dirs)
+    print(f"process {os.environ['RANK']}: {mode} scenarios ran in {time.perf_counter() - start:.1f}s")
