@@ -26,6 +26,8 @@ import os
 
 import torch
 
+from .trainer_skipped_updates import get_num_skipped_updates
+
 
 _COMPARED_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
@@ -83,4 +85,4 @@ def deepspeed_loss_scale_log_values(model_wrapped, state) -> dict[str, float]:
     loss_scale = getattr(getattr(model_wrapped, "optimizer", None), "loss_scale", None)
     if fp16_enabled is None or not fp16_enabled() or loss_scale is None:
         return {}
-    return {"loss_scale": float(loss_scale), "num_skipped_updates": state.num_skipped_updates}
+    return {"loss_scale": float(loss_scale), "num_skipped_updates": get_num_skipped_updates(state)}

@@ -33,12 +33,13 @@ import torch
 import torch.distributed as dist
 from parameterized import parameterized
 
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainerState, TrainingArguments
 from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed
 from transformers.trainer_loss_scale_distributed import (
     check_loss_scale_matches_across_processes,
     deepspeed_loss_scale_log_values,
 )
+from transformers.trainer_skipped_updates import get_num_skipped_updates
 from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
 
 
@@ -194,7 +195,7 @@ def training_summary(trainer):
             if "loss" in entry
         },
         "global_step": trainer.state.global_step,
-        "num_skipped_updates": trainer.state.num_skipped_updates,
+        "num_skipped_updates": get_num_skipped_updates(trainer.state),
         "injected_overflow_steps": overflow_callback.injected_steps,
         "model": trainer.model.state_dict(),
         "scheduler": trainer.lr_scheduler.state_dict(),
@@ -429,7 +430,9 @@ class LossScaleDistributedHelpersTest(unittest.TestCase):
         check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
 
     def test_deepspeed_loss_scale_log_values(self):
-        state = mock.Mock(num_skipped_updates=3)
+        state = TrainerState(
+            stateful_callbacks={"SkippedUpdatesMonitor": {"args": {}, "attributes": {"num_skipped_updates": 3}}}
+        )
         fp16_engine = mock.Mock(fp16_enabled=lambda: True, optimizer=mock.Mock(loss_scale=256.0))
         self.assertEqual(
             deepspeed_loss_scale_log_values(fp16_engine, state), {"loss_scale": 256.0, "num_skipped_updates": 3}
