@@ -89,6 +89,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import unittest
 import warnings
@@ -401,26 +402,27 @@ class _Server:
             _send(self.requests, ("run", request))
         except OSError:  # the server is gone
             raise _ServerDied from None
-        message = self.receive(_KILL_GRACE)
-        if message is None:
-            raise _ServerDied
-        self.child = message[1]
+        deadline = time.monotonic() + timeout
         try:
-            message = self.receive(timeout)
-            timed_out = message is None
-            if timed_out:
-                message = self.kill_child()
+            # The server says "started" once it forked the child, then "exited" with its exit code.
+            message = ("started",)
+            while message[0] != "exited":
+                message = self.receive(max(deadline - time.monotonic(), 0))
+                if message is None:
+                    return True, self.kill_child()[2]
         except BaseException:  # interrupted (Ctrl-C, pytest-timeout): the child goes, the interruption goes on
             with contextlib.suppress(Exception):
                 self.kill_child()
             raise
-        return timed_out, message[2]
+        return False, message[2]
 
     def kill_child(self):
         """Has the server kill the child's process group; returns the server's report of the child's end."""
         try:
             _send(self.requests, ("kill",))
-            message = self.receive(_KILL_GRACE)
+            message = ("started",)
+            while message is not None and message[0] != "exited":
+                message = self.receive(_KILL_GRACE)
         except (OSError, _ServerDied):
             message = None
         if message is None:  # the server does not answer: it goes, and the child with it
@@ -447,7 +449,10 @@ def _get_server():
             _server.close()
         _server = None
     if _server is None:
-        _server = _Server()
+        try:
+            _server = _Server()
+        except OSError as error:
+            raise RuntimeError(f"The test server could not be started with {sys.executable}: {error}") from error
     return _server
 
 

@@ -649,6 +649,20 @@ class ContractTest(TestCasePlus):
         run_test_in_fresh_process(_passes)()
         self.assertIsNot(testing_isolation._server, server)
 
+    def test_server_that_cannot_start_fails_clearly(self):
+        script = os.path.join(self.get_auto_remove_tmp_dir(), "python")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\necho 'no torch here' >&2\nexit 3\n")
+        os.chmod(script, 0o755)
+        with mock.patch.object(testing_isolation, "_server", None), mock.patch.object(sys, "executable", script):
+            with self.assertRaisesRegex(
+                FreshProcessTestFailure, "_passes: The test server did not start: no torch here"
+            ):
+                run_test_in_fresh_process(_passes)()
+            with self.assertRaisesRegex(FreshProcessTestFailure, "_passes: The test server could not be started"):
+                with mock.patch.object(sys, "executable", script + "_missing"):
+                    run_test_in_fresh_process(_passes)()
+
     def test_nothing_is_left_in_the_temporary_folder(self):
         tmp_dir = self.get_auto_remove_tmp_dir()
         bodies = [_passes, _fails, _skips_with_unittest, _segfaults, _exits_without_a_result, _kills_its_process_group]
