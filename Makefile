@@ -35,6 +35,11 @@ deps: | $(VPY)
 fork: deps
 	$(VPY) $(FORK) build $(FORK_ARGS)
 
+# As upstream's CI: one OpenMP thread per process (pytest-xdist runs one worker per core). `make test` also runs the
+# tests marked `@slow` (the two-process launches, the tests that run a whole pytest process), which upstream's
+# per-PR CI leaves to its scheduled runs.
+test: export OMP_NUM_THREADS := 1
+test: export RUN_SLOW := 1
 test: fork
 	$(VPY) $(FORK) check --tests --skip-repo-tests-at-top --pytest-args "$(PYTEST_ARGS)"
 	$(VPY) -m pytest $(PYTEST_ARGS) tests

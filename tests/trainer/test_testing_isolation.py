@@ -47,7 +47,7 @@ from parameterized import parameterized
 
 from transformers import testing_isolation
 from transformers.testing_isolation import FreshProcessTestFailure, isolated_environ, run_test_in_fresh_process
-from transformers.testing_utils import TestCasePlus
+from transformers.testing_utils import TestCasePlus, slow
 from transformers.trainer_utils import set_seed
 
 
@@ -460,6 +460,7 @@ class OutcomeTest(TestCasePlus):
         self.assertFalse([pid for pid in record["pids"] if _is_running(pid)])
         self.assertFalse(os.path.exists(record["tmp_dir"]), record["tmp_dir"])
 
+    @slow
     def test_timeout_kills_the_process_group(self):
         run_test_in_fresh_process(_passes)()  # the server is up
         record_file = os.path.join(self.get_auto_remove_tmp_dir(), "record.json")
@@ -513,6 +514,7 @@ class OutcomeTest(TestCasePlus):
             self._makes_a_tmp_dir_and_crashes(record_file)
         self._assert_all_gone(record_file, expected_pids=1)
 
+    @slow
     @unittest.skipUnless(sys.platform.startswith("linux"), "PR_SET_PDEATHSIG is Linux only")
     def test_child_dies_with_the_pytest_process(self):
         """
@@ -636,6 +638,7 @@ class ContractTest(TestCasePlus):
             run_test_in_fresh_process(_kills_its_process_group)()
         run_test_in_fresh_process(_passes)()
 
+    @slow
     def test_server_death_fails_clearly_and_the_next_test_gets_a_new_server(self):
         """Stands for the server being killed from outside (out of memory) while a test runs."""
         run_test_in_fresh_process(_passes)()
@@ -834,6 +837,7 @@ class ExampleTest(unittest.TestCase):
 """
 
 
+@slow
 class PytestReportTest(TestCasePlus):
     def test_pytest_reports_the_outcome_of_the_child(self):
         """Under pytest, a test skipped in the child is reported as skipped, not passed (one pytest run, ~10 s)."""
@@ -909,6 +913,7 @@ def test_3_interrupted():
     importlib.util.find_spec("pytest_timeout") and importlib.util.find_spec("pytest_rerunfailures"),
     "needs pytest-timeout and pytest-rerunfailures (upstream's test extras; `utils/upstream_pins.py` installs them)",
 )
+@slow
 class PytestPluginsTest(TestCasePlus):
     def test_timeout_rerun_and_interrupt(self):
         """

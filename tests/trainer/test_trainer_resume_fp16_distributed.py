@@ -34,7 +34,7 @@ import torch.distributed as dist
 from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainerState, TrainingArguments
-from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed
+from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed, slow
 from transformers.trainer_loss_scale_distributed import (
     check_loss_scale_matches_across_processes,
     deepspeed_loss_scale_log_values,
@@ -223,6 +223,7 @@ def assert_exactly_equal(actual, expected, msg):
     torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=lambda details: f"{msg}: {details}")
 
 
+@slow
 @require_torchrun_with_gloo
 class TrainerResumeFp16DistributedTest(TestCasePlus):
     def launch(self, mode, output_dir, timeout=LAUNCH_TIMEOUT, script=__file__):
