@@ -3,7 +3,8 @@
 #                  both installed editable
 #   make test      make fork, check the stack (each PR's level applies with git am, is exported, and its own tests
 #                  pass at its level; the top transformers level's tests run in the full run), then all tests,
-#                  then the harness and resume tests again under upstream's pytest pins and plugins (utils/upstream_pins.py)
+#                  then the harness and resume tests again under upstream's pytest pins and plugins (utils/upstream_pins.py),
+#                  and the DeepSpeed fp16 resume test with upstream's deepspeed spec
 #   make patches   export the forks' commits back into the overlays and patches/<upstream>/
 #   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
 #   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
@@ -44,6 +45,8 @@ test: fork
 	$(VPY) $(FORK) check --tests --skip-repo-tests-at-top --pytest-args "$(PYTEST_ARGS)"
 	$(VPY) -m pytest $(PYTEST_ARGS) tests
 	$(VPY) utils/upstream_pins.py
+	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
+		-p no:cacheprovider --timeout 900 -k deepspeed tests/trainer/test_trainer_resume_fp16_distributed.py
 
 repro: fork
 	$(VPY) utils/repro.py

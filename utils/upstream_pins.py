@@ -13,6 +13,10 @@ pytest; this script runs the same tests a second time the way upstream's CI woul
 3. run ``pytest`` there on the given tests with random order on (``--random-order``), a pytest-timeout timeout and
    ``-n 2``, so that each plugin is active.
 
+``--extra NAME`` also installs upstream's spec for NAME (e.g. ``deepspeed``, for the tests that need it) into the same
+kind of venv, after it sees ``.venv``, with ``.venv``'s versions as constraints: nothing of ``.venv`` is replaced and
+torch is never installed twice; use another ``--venv`` for it.
+
 Usage: ``python utils/upstream_pins.py [--fork build/transformers] [--venv build/upstream-pins] [pytest args...]``.
 Exit status: pytest's, or 2 with a message on a setup error.
 """
@@ -37,8 +41,8 @@ class PinsError(Exception):
     pass
 
 
-def upstream_specs(setup_py: Path) -> list[str]:
-    """The requirement strings of `PACKAGES` in the `_deps` list of upstream's `setup.py`."""
+def upstream_specs(setup_py: Path, packages=PACKAGES) -> list[str]:
+    """The requirement strings of `packages` in the `_deps` list of upstream's `setup.py`."""
     if not setup_py.is_file():
         raise PinsError(f"{setup_py} does not exist: run `make fork` first.")
     tree = ast.parse(setup_py.read_text(encoding="utf-8"), str(setup_py))
@@ -54,10 +58,10 @@ def upstream_specs(setup_py: Path) -> list[str]:
         for operator in "<>=!~ [":
             name = name.split(operator)[0]
         specs[name.strip().lower()] = spec
-    missing = [name for name in PACKAGES if name not in specs]
+    missing = [name for name in packages if name not in specs]
     if missing:
         raise PinsError(f"{setup_py} does not pin {', '.join(missing)} in `_deps` any more.")
-    return [specs[name] for name in PACKAGES]
+    return [specs[name] for name in packages]
 
 
 def site_packages(python: Path) -> Path:
@@ -65,11 +69,13 @@ def site_packages(python: Path) -> Path:
     return Path(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip())
 
 
-def ensure_venv(venv: Path, specs: list[str], base_python: Path) -> Path:
+def ensure_venv(venv: Path, specs: list[str], base_python: Path, extras: list[str] = ()) -> Path:
     """Creates (or reuses) the venv; returns its python."""
     python = venv / "bin" / "python"
     stamp = venv / STAMP
     wanted = {"specs": specs, "base": str(base_python)}
+    if extras:
+        wanted["extras"] = list(extras)
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted and python.exists():
         return python
     if venv.exists():
@@ -81,6 +87,20 @@ def ensure_venv(venv: Path, specs: list[str], base_python: Path) -> Path:
         raise PinsError(f"pip could not install {' '.join(specs)} into {venv}.")
     line = f"import site; site.addsitedir({str(site_packages(base_python))!r})\n"
     (site_packages(python) / "zz_main_venv.pth").write_text(line, encoding="utf-8")
+    if extras:
+        # Installed once the venv sees the main one, so that what it has (torch above all) satisfies their needs;
+        # the main venv's versions are constraints, so pip can never replace (uninstall) one of its packages.
+        frozen = subprocess.run(
+            [str(base_python), "-m", "pip", "list", "--disable-pip-version-check", "--format", "freeze"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        constraints = venv / "main-venv-constraints.txt"
+        constraints.write_text(frozen, encoding="utf-8")
+        install = [*install[: -len(specs)], "--constraint", str(constraints), *extras]
+        if subprocess.run(install).returncode != 0:
+            raise PinsError(f"pip could not install {' '.join(extras)} into {venv} next to {base_python}'s packages.")
     stamp.write_text(json.dumps(wanted, indent=2) + "\n", encoding="utf-8")
     return python
 
@@ -90,13 +110,20 @@ def main(argv=None) -> int:
     parser.add_argument("--fork", type=Path, default=ROOT / "build" / "transformers", help="the built fork")
     parser.add_argument("--venv", type=Path, default=ROOT / "build" / "upstream-pins", help="the venv to make")
     parser.add_argument("--base-python", type=Path, default=ROOT / ".venv" / "bin" / "python", help="the main venv")
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="also install this package at upstream's spec (e.g. deepspeed), next to the main venv's packages",
+    )
     parser.add_argument("pytest_args", nargs="*", help="pytest arguments (default: the harness and resume tests)")
     args = parser.parse_args(argv)
     try:
         specs = upstream_specs(args.fork / "setup.py")
         if not args.base_python.exists():
             raise PinsError(f"{args.base_python} does not exist: run `make fork` first.")
-        python = ensure_venv(args.venv, specs, args.base_python)
+        extras = upstream_specs(args.fork / "setup.py", args.extra) if args.extra else []
+        python = ensure_venv(args.venv, specs, args.base_python, extras)
     except (PinsError, subprocess.CalledProcessError) as error:
         print(f"upstream_pins: {error}", file=sys.stderr)
         return 2
@@ -105,8 +132,9 @@ def main(argv=None) -> int:
         capture_output=True,
         text=True,
     ).stdout
-    installed = [line for line in versions.splitlines() if line.split("==")[0].lower() in PACKAGES]
-    print(f"upstream_pins: {', '.join(specs)} -> {', '.join(installed)}", flush=True)
+    names = {*PACKAGES, *args.extra}
+    installed = [line for line in versions.splitlines() if line.split("==")[0].lower() in names]
+    print(f"upstream_pins: {', '.join(specs + extras)} -> {', '.join(installed)}", flush=True)
     pytest_args = args.pytest_args or [*DEFAULT_PYTEST_ARGS, *DEFAULT_TESTS]
     return subprocess.run([str(python), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 

@@ -16,6 +16,7 @@ from setuptools import setup
 
 _deps = [
     "numpy>=1.17",
+    "deepspeed>=0.9.3",
     "pytest>=7.2.0,<9.0.0",
     "pytest-asyncio>=1.2.0",
     "pytest-random-order",
@@ -43,6 +44,13 @@ def test_reads_the_specs_in_package_order(tmp_path):
         "pytest-timeout",
         "pytest-order",
     ]
+
+
+def test_reads_an_extra_package(tmp_path):
+    # `--extra deepspeed`: upstream's spec, not a guess written here; an unknown name is a clear error.
+    assert upstream_pins.upstream_specs(write(tmp_path, SETUP_PY), ["deepspeed"]) == ["deepspeed>=0.9.3"]
+    with pytest.raises(upstream_pins.PinsError, match="does not pin nosuchpackage"):
+        upstream_pins.upstream_specs(write(tmp_path, SETUP_PY), ["nosuchpackage"])
 
 
 def test_reads_the_built_fork(tmp_path):
