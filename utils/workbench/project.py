@@ -18,6 +18,20 @@ from pathlib import Path
 from .gitutil import ForkError
 
 
+def read_json(path: Path, what: str, shown: str | None = None, hint: str = "") -> object:
+    """
+    The JSON in ``path``; a missing or malformed file is a clear error naming it as ``what`` and ``shown`` (the path
+    as the user knows it, ``path`` by default), plus ``hint`` when it is missing.
+    """
+    shown = shown or str(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForkError(f"{what} not found: {shown}{hint}") from None
+    except json.JSONDecodeError as e:
+        raise ForkError(f"{what} {shown} is not valid JSON: {e}") from None
+
+
 @dataclass
 class Upstream:
     """One upstream project: its pinned sdist, its overlay and patch series in the repository, its fork."""
@@ -93,12 +107,7 @@ def load_project(
     sdists: dict[str, Path] | None = None,
 ) -> Project:
     config_path = config_path or root / "patches" / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ForkError(f"pin file not found: {config_path}") from None
-    except json.JSONDecodeError as e:
-        raise ForkError(f"pin file {config_path} is not valid JSON: {e}") from None
+    config = read_json(config_path, "pin file")
     project = Project(root=root, config_path=config_path, config=config, venv=venv or root / ".venv")
     entries = config.get("upstreams")
     if not isinstance(entries, dict) or not entries:

@@ -6,7 +6,6 @@ level in a scratch repository (one per upstream, one tag ``level/<name>`` per PR
 level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the editable fork, is imported.
 """
 
-import json
 import os
 import re
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from .gitutil import ForkError, PatchConflict, git, ls_tree
 from .overlay import add_overlay, read_overlay, repo_path, under_roots
-from .project import Project, Upstream
+from .project import Project, Upstream, read_json
 from .series import apply_patches, read_series
 from .sources import BASE_REF, create_pristine, obtain_sdist
 
@@ -56,12 +55,7 @@ def load_stack(project: Project) -> list[PR]:
     """The PRs of ``patches/stack.json`` in order; a malformed file is a clear error naming the entry."""
     path = project.stack_path
     where = project.rel(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ForkError(f"stack file not found: {where} (it lists the PRs in review order)") from None
-    except json.JSONDecodeError as e:
-        raise ForkError(f"stack file {where} is not valid JSON: {e}") from None
+    data = read_json(path, "stack file", where, " (it lists the PRs in review order)")
     if not isinstance(data, list):
         raise ForkError(f"stack file {where} must hold a list of PRs (bottom first)")
     prs = []
