@@ -666,6 +666,7 @@ def _warm_up():
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp_dir:
             warnings.simplefilter("ignore")
             _warm_up_kernels(torch, tmp_dir)
+            _warm_up_transformers()
     finally:
         torch.set_num_threads(threads)
         os.environ.clear()
@@ -712,6 +713,14 @@ def _warm_up_kernels(torch, tmp_dir):
 
         save_file(head.state_dict(), os.path.join(tmp_dir, "model.safetensors"))
         load_file(os.path.join(tmp_dir, "model.safetensors"))
+
+
+def _warm_up_transformers():
+    # Built on the first `save_pretrained` or `from_pretrained` of a process (about a thousand regular expressions),
+    # then only read.
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    get_checkpoint_conversion_mapping("gpt2")
 
 
 # The child

@@ -27,6 +27,7 @@ import torch
 from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.testing_isolation import run_test_in_fresh_process
 from transformers.testing_utils import CaptureLogger, LoggingLevel, TestCasePlus
 from transformers.trainer_loss_scale import load_scaler_state, read_scaler_state
 from transformers.trainer_utils import get_last_checkpoint
@@ -54,7 +55,10 @@ class OnTrainBegin(TrainerCallback):
 
 
 def get_fp16_trainer(output_dir, precision="fp16", max_steps=6, **kwargs):
-    """A tiny GPT-2 Trainer on CPU that saves every step. `precision` is "fp16" (with a loss scaler), "bf16" or "fp32"."""
+    """
+    A tiny GPT-2 Trainer on CPU that saves at step 5 and at the end (the tests resume from checkpoint-5). `precision` is
+    "fp16" (with a loss scaler), "bf16" or "fp32".
+    """
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
@@ -67,7 +71,7 @@ def get_fp16_trainer(output_dir, precision="fp16", max_steps=6, **kwargs):
         fp16=precision == "fp16",
         bf16=precision == "bf16",
         use_cpu=True,
-        save_steps=1,
+        save_steps=5,
         logging_steps=1,
         report_to=[],
         disable_tqdm=True,
@@ -101,6 +105,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         self.checkpoint = os.path.join(self.output_dir, "checkpoint-5")
 
     @parameterized.expand([("bf16",), ("fp32",)])
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_fp16_checkpoint_under_other_precision(self, precision):
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), precision=precision, max_steps=6)
         with LoggingLevel(logging.INFO), CaptureLogger(logging.get_logger("transformers.trainer_loss_scale")) as cl:
@@ -110,6 +115,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         self.assertEqual(cl.out.count(message), 1)
 
     @parameterized.expand([("deleted",), ("saved_by_disabled_scaler",), ("bf16_checkpoint",)])
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_checkpoint_without_loss_scale(self, case):
         if case == "deleted":
             os.remove(os.path.join(self.checkpoint, "scaler.pt"))
@@ -132,6 +138,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         self.assertIn("may be skipped while the scale recalibrates", cl.out)
         self.assertEqual(directory_digest(self.checkpoint), digest)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_checkpoint_with_invalid_scaler_file(self):
         scaler_file = os.path.join(self.checkpoint, "scaler.pt")
         with open(scaler_file, "r+b") as f:
@@ -142,6 +149,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
             trainer.train(resume_from_checkpoint=self.checkpoint)
         self.assertEqual(directory_digest(self.checkpoint), digest)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_checkpoint_with_scale_beyond_float32(self):
         # Without validation, training would fail at its first step inside torch, naming no file.
         scaler_file = os.path.join(self.checkpoint, "scaler.pt")
@@ -153,6 +161,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
             trainer.train(resume_from_checkpoint=self.checkpoint)
         self.assertEqual(trainer.state.global_step, 5)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_restores_every_scaler_field(self):
         saved = {
             "scale": 96.0,
@@ -165,6 +174,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), max_steps=6)
         self.assertEqual(resume_and_get_scaler_state(trainer, self.checkpoint), saved)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_save_only_model_checkpoint(self):
         output_dir = self.get_auto_remove_tmp_dir()
         get_fp16_trainer(output_dir, max_steps=3, save_only_model=True).train()
@@ -176,6 +186,7 @@ class TrainerResumeFp16CheckpointTest(TestCasePlus):
         self.assertEqual(trainer.state.global_step, 6)
         self.assertIn(f"The checkpoint {checkpoint} has no saved loss scale", cl.out)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_checkpoint_without_optimizer_files(self):
         # A checkpoint that kept its loss scale but lost its optimizer and scheduler files still resumes, and the
         # loss scale is restored.

@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers.testing_isolation import run_test_in_fresh_process
 from transformers.testing_utils import CaptureLogger, TestCasePlus
 from transformers.trainer_skipped_updates import SkippedUpdatesMonitor, get_num_skipped_updates
 from transformers.utils import logging
@@ -71,7 +72,10 @@ class GradientOverflowCallback(TrainerCallback):
 
 
 def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_steps=1, precision="fp16", **kwargs):
-    """A tiny GPT-2 Trainer on CPU that saves every step. `precision` is "fp16" (with a loss scaler), "bf16" or "fp32"."""
+    """
+    A tiny GPT-2 Trainer on CPU that saves at step 5 and at the end (the tests resume from checkpoint-5). `precision` is
+    "fp16" (with a loss scaler), "bf16" or "fp32".
+    """
     overflow_steps = kwargs.pop("overflow_steps", OVERFLOW_STEPS)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
@@ -88,7 +92,7 @@ def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_step
         fp16=precision == "fp16",
         bf16=precision == "bf16",
         use_cpu=True,
-        save_steps=1,
+        save_steps=5,
         logging_steps=1,
         report_to=[],
         disable_tqdm=True,
@@ -121,9 +125,11 @@ def accelerate_reports_skips_of_amp_aware_optimizers():
 
 class TrainerSkippedUpdatesTest(TestCasePlus):
     @parameterized.expand([(1,), (2,)])
+    @run_test_in_fresh_process(num_threads=1)
     def test_fused_and_unfused_optimizers_skip_the_same_updates(self, gradient_accumulation_steps):
         self.assert_fused_and_unfused_optimizers_skip_the_same_updates(gradient_accumulation_steps)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_accelerate_with_the_fix_needs_no_fallback(self):
         if not accelerate_reports_skips_of_amp_aware_optimizers():
             self.skipTest(reason="Accelerate does not report the updates skipped by AMP-aware optimizers")
@@ -152,6 +158,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
         self.assertEqual(learning_rates[first - 1 : last + 1], [learning_rates[first - 1]] * (len(OVERFLOW_STEPS) + 1))
         self.assertEqual(runs["adamw_torch"]["scheduler_steps"], MAX_STEPS - len(OVERFLOW_STEPS))
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_skipped_updates_are_logged_and_saved(self):
         output_dir = self.get_auto_remove_tmp_dir()
         trainer = get_fp16_trainer(output_dir)
@@ -168,6 +175,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
         saved = TrainerState.load_from_json(os.path.join(output_dir, "checkpoint-5", "trainer_state.json"))
         self.assertEqual(get_num_skipped_updates(saved), 2)
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_skipped_update_count_adds_no_trainer_state_field(self):
         # Versions that do not know the count must still load the checkpoint: `TrainerState.load_from_json` rejects
         # unknown fields, while `stateful_callbacks` entries of absent callbacks are ignored.
@@ -181,6 +189,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
             {"args": {}, "attributes": {"num_skipped_updates": 2}},
         )
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_restores_the_skipped_update_count(self):
         output_dir = self.get_auto_remove_tmp_dir()
         uninterrupted = get_fp16_trainer(output_dir)
@@ -195,6 +204,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
         self.assertEqual(actual, expected)
         self.assertEqual(get_num_skipped_updates(resumed.state), len(OVERFLOW_STEPS))
 
+    @run_test_in_fresh_process(num_threads=1)
     def test_resume_trainer_state_without_skipped_update_count(self):
         # A `trainer_state.json` written by a version that does not count skipped updates: counting starts at the resume.
         output_dir = self.get_auto_remove_tmp_dir()
@@ -216,6 +226,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
             ("two_streaks_of_9", [*range(1, 10), *range(11, 20)], 22, []),
         ]
     )
+    @run_test_in_fresh_process(num_threads=1)
     def test_warning_on_consecutive_skipped_updates(self, _, overflow_steps, max_steps, expected_warnings):
         trainer = get_fp16_trainer(
             self.get_auto_remove_tmp_dir(), overflow_steps=overflow_steps, max_steps=max_steps, save_strategy="no"
@@ -231,6 +242,7 @@ class TrainerSkippedUpdatesTest(TestCasePlus):
             )
 
     @parameterized.expand([("bf16",), ("fp32",)])
+    @run_test_in_fresh_process(num_threads=1)
     def test_runs_without_scaler_log_as_before(self, precision):
         trainer = get_fp16_trainer(self.get_auto_remove_tmp_dir(), precision=precision, save_strategy="no")
         trainer.train()
