@@ -32,7 +32,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pytest", "pytest-xdist", "pytest-random-order", "pytest-rerunfailures", "pytest-timeout", "pytest-order")
-DEFAULT_TESTS = ("tests/trainer/test_testing_isolation.py", "tests/trainer/test_trainer_resume_fp16.py")
+DEFAULT_TESTS = (
+    "tests/trainer/test_testing_isolation.py",
+    "tests/trainer/test_trainer_scaler_checkpoint.py",
+    "tests/trainer/test_trainer_skipped_updates.py",
+    "tests/trainer/test_trainer_resume_fp16.py",
+)
 DEFAULT_PYTEST_ARGS = ("-n", "2", "--random-order", "--timeout", "900", "-p", "no:cacheprovider")
 STAMP = "upstream-pins.json"
 
