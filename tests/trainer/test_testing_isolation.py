@@ -23,7 +23,6 @@ process first, so that every worker checks isolation from a poisoned parent.
 
 import contextlib
 import ctypes
-import functools
 import importlib.util
 import json
 import multiprocessing
@@ -158,19 +157,21 @@ def _draw_random_numbers():
     return torch.rand(8), random.random(), np.random.rand(4)
 
 
-@functools.cache
-@functools.cache
 def _fresh_interpreter_threads():
-    """The thread counts of torch in a new interpreter started with the isolated environment (asked once)."""
+    """The thread counts of torch in a new interpreter started with the isolated environment."""
     command = [sys.executable, "-c", "import torch; print(torch.get_num_threads(), torch.get_num_interop_threads())"]
     output = subprocess.run(command, env=isolated_environ(), capture_output=True, text=True, check=True).stdout
     return tuple(int(value) for value in output.split())
 
 
-def _check_pristine_state(expected_environ, expected_threads):
-    """Fails unless the process has the state `run_test_in_fresh_process` promises, whatever the parent did."""
-    # What the server's warm-up ran is invisible: thread counts, warnings, dtype, flags, generators (below).
+def _check_thread_counts(expected_threads):
     assert (torch.get_num_threads(), torch.get_num_interop_threads()) == expected_threads
+
+
+def _check_pristine_state(expected_environ):
+    """Fails unless the process has the state `run_test_in_fresh_process` promises, whatever the parent did."""
+    # What the server's warm-up ran is invisible: warnings, dtype, flags, generators (below), thread counts
+    # (`test_thread_counts_are_those_of_a_new_interpreter`).
     assert not torch.is_autocast_enabled("cpu")
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cudnn.benchmark
@@ -225,7 +226,7 @@ class PoisonGlobalStateTest(unittest.TestCase):
 class IsolatedStateTest(TestCasePlus):
     @parameterized.expand([("first",), ("second",)])
     def test_state_is_pristine(self, _):
-        run_test_in_fresh_process(_check_pristine_state)(isolated_environ(), _fresh_interpreter_threads())
+        run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
 
     @run_test_in_fresh_process(seed=SEED)
     def test_tiny_model_training_is_bit_exact(self):
@@ -237,7 +238,12 @@ class IsolatedStateTest(TestCasePlus):
     # another worker.
     def test_state_is_pristine_right_after_poisoning(self):
         _poison_everything()
-        run_test_in_fresh_process(_check_pristine_state)(isolated_environ(), _fresh_interpreter_threads())
+        run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
+
+    def test_thread_counts_are_those_of_a_new_interpreter(self):
+        # The warm-up runs on one thread and restores the counts; the parent's (poisoned here) do not reach the child.
+        _poison_everything()
+        run_test_in_fresh_process(_check_thread_counts)(_fresh_interpreter_threads())
 
     def test_training_is_bit_exact_across_processes(self):
         tmp_dir = self.get_auto_remove_tmp_dir()
@@ -622,13 +628,13 @@ class ContractTest(TestCasePlus):
 
     def test_environment_snapshot_is_taken_on_import(self):
         """A variable set after the module is imported (by an earlier test) does not reach the children."""
-        script = (
-            "import os; import transformers.testing_isolation as isolation; "
-            f"os.environ[{POISON_VARIABLE!r}] = '1'; print({POISON_VARIABLE!r} in isolation.isolated_environ())"
-        )
-        command = [sys.executable, "-c", script]
-        run = subprocess.run(command, env=isolated_environ(), capture_output=True, text=True, check=True)
-        self.assertEqual(run.stdout.strip(), "False", run.stderr)
+        # A new copy of the module, imported in a clean environment that a later test then poisons.
+        spec = importlib.util.spec_from_file_location("transformers._isolation_copy", testing_isolation.__file__)
+        module = importlib.util.module_from_spec(spec)
+        with mock.patch.dict(os.environ, isolated_environ(), clear=True):
+            spec.loader.exec_module(module)
+            os.environ[POISON_VARIABLE] = "1"
+            self.assertNotIn(POISON_VARIABLE, module.isolated_environ())
 
     def test_unpicklable_arguments_fail_clearly(self):
         with self.assertRaisesRegex(FreshProcessTestFailure, r"_takes: the arguments .* cannot be pickled"):
