@@ -650,11 +650,11 @@ def _warm_up():
     """
     Runs, once in the server, the first calls that are slow in every new process: the first autocast fp16 forward and
     backward of the usual transformer kernels on CPU (embedding, layer norm, linear, attention, GELU, cross-entropy),
-    the optimizers' steps (AdamW for-each and fused, SGD) with a `GradScaler`, gradient clipping, and a `torch.save`,
-    weights-only `torch.load` and safetensors round trip. It leaves nothing a child could see: the random number
-    generators are restored, the thread count is restored (the work runs on one thread, so that no OpenMP thread pool
-    exists, which a forked child could not use), warnings shown are forgotten, the default dtype, the deterministic
-    flags and the environment are untouched, and CUDA is not used. `tests/trainer/test_testing_isolation.py` checks
+    the optimizers' steps (AdamW for-each and fused, SGD) with a `GradScaler`, gradient clipping, a `torch.save`,
+    weights-only `torch.load` and safetensors round trip, and the checkpoint conversion mapping (a read-only cache).
+    It leaves nothing a child could see: the random number generators are restored, the thread count is restored (the
+    work runs on one thread, so that no OpenMP thread pool exists, which a forked child could not use), warnings shown
+    are forgotten, the default dtype, the deterministic flags and the environment are untouched, and CUDA is not used. `tests/trainer/test_testing_isolation.py` checks
     this in the children.
     """
     import torch
