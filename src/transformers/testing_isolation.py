@@ -43,12 +43,18 @@ def test_plain_function(tmp_path):
 
 How it works:
 
-- Each pytest process (each `pytest-xdist` worker too) starts its own test server the first time a decorated test
-  runs: a new Python interpreter (`subprocess`), started with the environment of [`isolated_environ`], that imports
-  torch and transformers, warms up (see [`PRELOADED_MODULES`] and `_warm_up`), then waits for requests on a pipe that
-  only this pytest process holds. Nothing else in the process can reach it or replace it: `multiprocessing` start
-  methods, DataLoader workers or a forkserver started by other tests do not affect it. It never runs a test and never
-  initializes CUDA, and it exits when the pytest process is gone (its request pipe closes).
+- Each pytest process (each `pytest-xdist` worker too) has its own test server, which forks one child per test. The
+  server is made while pytest imports the test modules, before any test runs: the first time a test is decorated, the
+  process forks a copy of itself, which leaves what pytest set up for the collection (output capture, warning
+  recording, log handlers, signal handlers), takes the environment of [`isolated_environ`] and waits. If a later test
+  module imports more of [`PRELOADED_MODULES`], the copy is made again, until a test uses it. The first test that
+  needs it has it import what is still missing of [`PRELOADED_MODULES`] and warm up (see `_warm_up`). This is the
+  server when torch is built for the CPU only, on Linux. Otherwise (a CUDA, ROCm or XPU build, whose driver the test
+  modules may have started and a forked process cannot use), and to replace a server that died, the server is a new
+  Python interpreter (`subprocess`) started by the first test that needs it, with the same environment, which imports
+  and warms up the same way. Either way, nothing else in the process can reach it or replace it: `multiprocessing`
+  start methods, DataLoader workers or a forkserver started by other tests do not affect it. It never runs a test and
+  never initializes CUDA, and it exits when the pytest process is gone (its request pipe closes).
 - Each test runs in a child the server forks. The child puts itself in its own process group, dies with the server
   (Linux), resets `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR`
   of its own), takes the parent's `sys.path` and working directory, imports the test module, calls
@@ -73,10 +79,15 @@ class: the parent's runner applies them, and a skipped test starts no child.
 
 Limitations: the test body cannot use objects that live only in the parent (pytest fixtures such as `caplog`,
 `capsys` or `monkeypatch`, mocks passed by an outer `mock.patch` decorator): arguments must be picklable, and state the
-body changes is not seen by the parent. Needs `os.fork` (POSIX); only Linux is tested.
+body changes is not seen by the parent. A child of a forked server starts from the pytest process as it was before its
+first test: with what `conftest.py` files and the test modules set when imported (upstream's root `conftest.py` turns
+TF32 off, for example) and pytest's warning filters; a child of a new interpreter has neither. Python's string hashes
+are randomized as in any process: `PYTHONHASHSEED` is only read when an interpreter starts, so set it for the whole
+pytest run to fix them. Needs `os.fork` (POSIX); only Linux is tested.
 """
 
 import contextlib
+import faulthandler
 import functools
 import inspect
 import os
@@ -99,7 +110,7 @@ from .utils import logging
 
 logger = logging.get_logger(__name__)
 
-ISOLATION_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
+ISOLATION_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 """Environment variables set for the server and for every test child on top of [`snapshot_environ`]."""
 
 PRELOADED_MODULES = ("torch", "transformers", "transformers.trainer", "transformers.testing_isolation")
@@ -170,6 +181,7 @@ def run_test_in_fresh_process(func=None, *, timeout: float = 600, seed: int = 42
     """
     if func is None:
         return functools.partial(run_test_in_fresh_process, timeout=timeout, seed=seed, num_threads=num_threads)
+    _fork_server_while_collecting()
 
     # Applied in a class body (the frame calling this decorator, as `parameterized.expand` finds it): the class runs its
     # fixtures in the child only. Without frame introspection, fixtures would also run in the parent.
@@ -329,15 +341,28 @@ class _ServerDied(Exception):
 
 class _Server:
     """
-    The test server of this process: a `subprocess` running [`_serve`], reached through two pipes that only this
-    process holds. Used by one test at a time.
+    The test server of this process, reached through two pipes that only this process holds: a copy of this process
+    (`fork=True`) or a new interpreter (`subprocess`) running [`_serve_on`]. Used by one test at a time.
     """
 
-    def __init__(self):
+    def __init__(self, fork=False):
         self.owner = os.getpid()
+        self.forked = fork
+        self.preloaded = _preloaded_count()
+        self.started = False
         request_read, self.requests = os.pipe()
         self.responses, response_write = os.pipe()
         self.stderr = tempfile.TemporaryFile()
+        try:
+            if fork:
+                self.process = self._fork(request_read, response_write)
+            else:
+                self.process = self._spawn(request_read, response_write)
+        finally:
+            os.close(request_read)
+            os.close(response_write)
+
+    def _spawn(self, request_read, response_write):
         command = [
             sys.executable,
             "-c",
@@ -345,29 +370,48 @@ class _Server:
             str(request_read),
             str(response_write),
         ]
+        # A session of its own: a Ctrl-C in the terminal, or a test killing its process group, reaches the parent and
+        # its child, not the server.
+        return subprocess.Popen(
+            command,
+            env=isolated_environ(),
+            pass_fds=(request_read, response_write),
+            stdin=subprocess.DEVNULL,
+            stdout=self.stderr,
+            stderr=self.stderr,
+            start_new_session=True,
+        )
+
+    def _fork(self, request_read, response_write):
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a process with threads may deadlock the child: the server runs no code of
+            # the threads it leaves behind (torch's, pytest-xdist's), only imports and this module.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self.requests)
+                os.close(self.responses)
+                _leave_the_parent(self.stderr.fileno())
+                _serve_on(request_read, response_write)
+            finally:
+                os._exit(1)  # never back into the code of the parent
+        return _ForkedProcess(pid)
+
+    def start(self):
+        """Has the server import and warm up, the first time; raises `RuntimeError` if it cannot."""
+        if self.started:
+            return
         try:
-            # A session of its own: a Ctrl-C in the terminal, or a test killing its process group, reaches the parent
-            # and its child, not the server.
-            self.process = subprocess.Popen(
-                command,
-                env=isolated_environ(),
-                pass_fds=(request_read, response_write),
-                stdin=subprocess.DEVNULL,
-                stdout=self.stderr,
-                stderr=self.stderr,
-                start_new_session=True,
-            )
-        finally:
-            os.close(request_read)
-            os.close(response_write)
-        try:
+            _send(self.requests, ("start",))
             message = self.receive(_SERVER_STARTUP_TIMEOUT)
-        except _ServerDied:
+        except (OSError, _ServerDied):
             message = None
         if message is None or message[0] != "ready":
             detail = message[1] if message is not None and message[0] == "error" else self.output()
             self.close()
             raise RuntimeError(f"The test server did not start: {detail}")
+        self.started = True
 
     def output(self):
         self.stderr.seek(0)
@@ -441,6 +485,76 @@ class _Server:
         self.stderr.close()
 
 
+class _ForkedProcess:
+    """The part of `subprocess.Popen` that `_Server` uses, for a server forked from this process."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by other code of this process: its exit status is lost
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"test server {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _preloaded_count():
+    names = PRELOADED_MODULES + _OPTIONAL_PRELOADED_MODULES + _CPU_ONLY_PRELOADED_MODULES
+    return sum(name in sys.modules for name in names)
+
+
+def _can_fork_server():
+    """
+    Whether this process can be copied into the test server now: while pytest (8.2 or later, which sets
+    `PYTEST_VERSION`) runs and no test does (`PYTEST_CURRENT_TEST`), that is while it imports the test modules; on Linux,
+    from the main thread, and with a torch built for the CPU only. A CUDA, ROCm or XPU build may have started its driver
+    (`transformers.testing_utils` looks for devices on import), which a forked process cannot use.
+    """
+    if _in_fresh_process or "PYTEST_VERSION" not in os.environ or _PER_TEST_VARIABLE in os.environ:
+        return False
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return False
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "version", None)
+    return torch is None or all(getattr(version, name, None) is None for name in ("cuda", "hip", "xpu"))
+
+
+def _fork_server_while_collecting():
+    """
+    Called each time a test is decorated, which is while pytest imports the test modules: forks the test server from
+    this process, so that the server starts with what the process has imported instead of importing it again. Forks
+    again when a later test module has imported more of the modules the server preloads, as long as no test has used
+    the server; never once a test runs (see [`_can_fork_server`]).
+    """
+    global _server
+    if not _can_fork_server():
+        return
+    with _server_lock:
+        if _server is not None and _server.owner == os.getpid():
+            if _server.started or not _server.forked or _server.preloaded >= _preloaded_count():
+                return
+            _discard_server(_server)
+        with contextlib.suppress(OSError):
+            _server = _Server(fork=True)
+
+
 def _get_server():
     global _server
     if _server is not None and (_server.owner != os.getpid() or _server.process.poll() is not None):
@@ -453,6 +567,15 @@ def _get_server():
             _server = _Server()
         except OSError as error:
             raise RuntimeError(f"The test server could not be started with {sys.executable}: {error}") from error
+    try:
+        _server.start()
+    except RuntimeError as error:
+        forked, _server = _server.forked, None
+        if not forked:
+            raise
+        # Something in this process kept its copy from working: the tests still run, from a new interpreter.
+        logger.warning(f"{error}; starting a new interpreter as the test server instead.")
+        return _get_server()
     return _server
 
 
@@ -550,19 +673,25 @@ def _format_output(output):
 
 
 def _serve():
+    """Entry point of a server started as a new interpreter (`python -c`, arguments: the request and response pipes)."""
+    _serve_on(int(sys.argv[1]), int(sys.argv[2]))
+
+
+def _serve_on(requests, responses):
     """
-    Entry point of the server (`python -c`, arguments: the file descriptors of the request and response pipes): imports
-    and warms up, then forks one child per request and reports its end. Exits when the parent closes the requests.
+    The server: waits for the parent to start it, imports and warms up, then forks one child per request and reports
+    its end. Exits when the parent closes the requests.
     """
-    requests, responses = int(sys.argv[1]), int(sys.argv[2])
     # Interruptions are the parent's to handle: it asks for the child to be killed, or closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _receive(requests) is None:  # discarded before any test used it
+        os._exit(0)
     try:
         _preload()
         _warm_up()
     except BaseException:
         _send(responses, ("error", traceback.format_exc()))
-        sys.exit(1)
+        os._exit(1)
     # Nothing the children inherit is garbage: the collector skips it, and the children do not copy its pages.
     import gc
 
@@ -590,6 +719,48 @@ def _serve():
             shutil.rmtree(request["workdir"], ignore_errors=True)
             os._exit(0)
         _send(responses, ("exited", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _leave_the_parent(log_fd):
+    """
+    Turns a copy of the pytest process, right after the fork, into a server: a session of its own, its own standard
+    streams, and none of what pytest set up for the collection (output capture, warning recording, log handlers,
+    signal handlers, exception hooks). The modules being imported at the fork (the test module whose test was just
+    decorated) are dropped, to be imported whole by the children.
+    """
+    import logging as std_logging
+
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+    sys.excepthook, sys.unraisablehook = sys.__excepthook__, sys.__unraisablehook__
+    threading.excepthook = threading.__excepthook__
+    warnings.showwarning = _show_warning
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+    root = std_logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler).__module__.startswith("_pytest."):
+            root.removeHandler(handler)
+    os.environ.clear()
+    os.environ.update(isolated_environ())
+    frame = inspect.currentframe()
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and name != "__main__":
+            sys.modules.pop(name, None)
+        frame = frame.f_back
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    # What `warnings.showwarning` does in a new interpreter: pytest records the warnings of the collection instead.
+    (sys.stderr if file is None else file).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _wait_for_child(pid, requests):
@@ -654,8 +825,8 @@ def _warm_up():
     weights-only `torch.load` and safetensors round trip, and the checkpoint conversion mapping (a read-only cache).
     It leaves nothing a child could see: the random number generators are restored, the thread count is restored (the
     work runs on one thread, so that no OpenMP thread pool exists, which a forked child could not use), warnings shown
-    are forgotten, the default dtype, the deterministic flags and the environment are untouched, and CUDA is not used. `tests/trainer/test_testing_isolation.py` checks
-    this in the children.
+    are forgotten, the default dtype, the deterministic flags and the environment are untouched, and CUDA is not used.
+    `tests/trainer/test_testing_isolation.py` checks this in the children.
     """
     import torch
 
@@ -735,6 +906,7 @@ def _child_main(request, server):
         _die_with(server)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _redirect_output(os.path.join(request["workdir"], _OUTPUT_FILE))
+        faulthandler.enable()  # a crash shows where the test was, in its output
         try:
             result = _run_test(request)
         except BaseException as exception:

@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import importlib.util
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -37,6 +38,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -46,7 +48,7 @@ from parameterized import parameterized
 
 from transformers import testing_isolation
 from transformers.testing_isolation import FreshProcessTestFailure, isolated_environ, run_test_in_fresh_process
-from transformers.testing_utils import TestCasePlus, slow
+from transformers.testing_utils import CaptureLogger, TestCasePlus, slow
 from transformers.trainer_utils import set_seed
 
 
@@ -186,7 +188,6 @@ def _check_pristine_state(expected_environ):
     assert POISON_VARIABLE not in environ
     assert set(environ) - set(expected_environ) <= ADDED_IN_CHILD, set(environ) - set(expected_environ)
     assert {key: environ.get(key) for key in expected_environ} == expected_environ
-    assert sys.flags.hash_randomization == 0  # PYTHONHASHSEED=0 was there when the interpreter started
 
     # The generators are exactly as `enable_full_determinism(SEED)` left them.
     drawn = _draw_random_numbers()
@@ -274,6 +275,8 @@ def _passes():
 def _fails():
     print("marker written to stdout")
     print("marker written to stderr", file=sys.stderr)
+    warnings.warn("marker warning")
+    logging.getLogger("isolation_example").warning("marker logged")
     assert 1 == 2, "assertion message of the child"
 
 
@@ -434,8 +437,10 @@ class OutcomeTest(TestCasePlus):
             run_test_in_fresh_process(_fails)()
         self.assertIsInstance(context.exception, FreshProcessTestFailure)
         message = str(context.exception)
-        for expected in ["assertion message of the child", "in _fails", "marker written to stdout", "stderr"]:
-            self.assertIn(expected, message)
+        # Neither pytest's warning recorder nor its log handlers, set up when the server was forked, take the output.
+        expected = ["assertion message of the child", "in _fails", "marker written to stdout", "stderr", "warning"]
+        for marker in expected + ["UserWarning: marker warning", "\nmarker logged\n"]:
+            self.assertIn(marker, message)
 
     @parameterized.expand([("unittest", _skips_with_unittest), ("pytest", _skips_with_pytest)])
     def test_skip(self, kind, body):
@@ -452,9 +457,11 @@ class OutcomeTest(TestCasePlus):
     def test_crash(self, _, body, signal_name):
         run_test_in_fresh_process(_passes)()  # the server is up: time the crash only
         start = time.monotonic()
-        with self.assertRaisesRegex(FreshProcessTestFailure, f"killed by signal {signal_name}"):
+        with self.assertRaisesRegex(FreshProcessTestFailure, f"killed by signal {signal_name}") as context:
             run_test_in_fresh_process(body)()
         self.assertLess(time.monotonic() - start, 10)
+        # `faulthandler` wrote where the child was to its output.
+        self.assertRegex(str(context.exception), f"Fatal Python error: .*\n(.*\n)*.* in {body.__name__}")
 
     def _assert_all_gone(self, record_file, expected_pids):
         """The processes and the temporary folder the child recorded are gone."""
@@ -618,8 +625,8 @@ class ContractTest(TestCasePlus):
         run_test_in_fresh_process(_check_seed)(42)  # the default
 
     def test_exact_isolation_variables(self):
-        for name, value in [("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), ("PYTHONHASHSEED", "0")]:
-            run_test_in_fresh_process(_check_variable)(name, value)
+        self.assertEqual(testing_isolation.ISOLATION_ENV, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+        run_test_in_fresh_process(_check_variable)("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     def test_pytest_current_test_is_forwarded(self):
         value = "tests/trainer/test_example.py::ExampleTest::test_it (call)"
@@ -681,6 +688,70 @@ class ContractTest(TestCasePlus):
                 with contextlib.suppress(AssertionError, unittest.SkipTest):
                     run_test_in_fresh_process(body)()
                 self.assertEqual(os.listdir(tmp_dir), [], body.__name__)
+
+
+def _collecting_environ():
+    """The environment of a pytest process while it imports the test modules: no test is running."""
+    environ = {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
+    return {**environ, "PYTEST_VERSION": pytest.__version__}
+
+
+class ServerTest(TestCasePlus):
+    """How the test server is made: a copy of the pytest process while it imports the test modules, or a new interpreter."""
+
+    @unittest.skipUnless(
+        sys.platform.startswith("linux") and torch.version.cuda is None and torch.version.hip is None,
+        "the server is only forked on Linux, with a torch built for the CPU only",
+    )
+    def test_server_is_forked_while_collecting_until_a_test_uses_it(self):
+        with mock.patch.object(testing_isolation, "_server", None):
+            try:
+                with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
+                    testing_isolation._fork_server_while_collecting()
+                    first = testing_isolation._server
+                    self.assertTrue(first.forked)
+                    self.assertIsNone(first.process.poll())
+                    testing_isolation._fork_server_while_collecting()  # nothing more imported: the same server
+                    self.assertIs(testing_isolation._server, first)
+                    more = first.preloaded + 1
+                    with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more):
+                        testing_isolation._fork_server_while_collecting()
+                    second = testing_isolation._server
+                    self.assertIsNot(second, first)
+                    self.assertIsNotNone(first.process.returncode)  # the copy nothing used is gone, and reaped
+                    second.start()
+                    with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more + 1):
+                        testing_isolation._fork_server_while_collecting()
+                    self.assertIs(testing_isolation._server, second)  # a test used it: never replaced
+                testing_isolation._discard_server(second)
+                testing_isolation._fork_server_while_collecting()  # a test is running: no copy of this process
+                self.assertIsNone(testing_isolation._server)
+            finally:
+                if testing_isolation._server is not None:
+                    testing_isolation._discard_server(testing_isolation._server)
+
+    @slow
+    def test_new_interpreter_replaces_a_forked_server_that_cannot_start(self):
+        """The new interpreter is also the server of CUDA, ROCm and XPU builds, and the one replacing a dead server."""
+        with mock.patch.object(testing_isolation, "_server", None):
+            try:
+                with (
+                    mock.patch.dict(os.environ, _collecting_environ(), clear=True),
+                    mock.patch.object(testing_isolation, "_warm_up", side_effect=RuntimeError("warm-up broken")),
+                ):
+                    testing_isolation._fork_server_while_collecting()
+                forked = testing_isolation._server
+                with CaptureLogger(testing_isolation.logger) as captured:
+                    _poison_everything()
+                    run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
+                    run_test_in_fresh_process(_check_thread_counts)(_fresh_interpreter_threads())
+                if forked is not None:  # forked on Linux with a CPU-only torch
+                    self.assertIn("warm-up broken", captured.out)
+                    self.assertIsNotNone(forked.process.returncode)
+                self.assertFalse(testing_isolation._server.forked)
+            finally:
+                if testing_isolation._server is not None:
+                    testing_isolation._discard_server(testing_isolation._server)
 
 
 FIXTURE_CALLS = []
