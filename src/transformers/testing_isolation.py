@@ -49,10 +49,11 @@ How it works:
   recording, log handlers, signal handlers), takes the environment of [`isolated_environ`] and waits. If a later test
   module imports more of [`PRELOADED_MODULES`], the copy is made again, until a test uses it. The first test that
   needs it has it import what is still missing of [`PRELOADED_MODULES`] and warm up (see `_warm_up`). This is the
-  server when torch is built for the CPU only, on Linux. Otherwise (a CUDA, ROCm or XPU build, whose driver the test
-  modules may have started and a forked process cannot use), and to replace a server that died, the server is a new
-  Python interpreter (`subprocess`) started by the first test that needs it, with the same environment, which imports
-  and warms up the same way. Either way, nothing else in the process can reach it or replace it: `multiprocessing`
+  server on Linux, under pytest 8.2 or later, when torch is built for the CPU only and no thread was started since
+  this module was imported (see `_can_fork_server`). Otherwise (a CUDA, ROCm or XPU build, whose driver the test
+  modules may have started and a forked process cannot use, for one), and to replace a server that died, the server
+  is a new Python interpreter (`subprocess`) started by the first test that needs it, with the same environment, which
+  imports and warms up the same way. Either way, nothing else in the process can reach it or replace it: `multiprocessing`
   start methods, DataLoader workers or a forkserver started by other tests do not affect it. It never runs a test and
   never initializes CUDA, and it exits when the pytest process is gone (its request pipe closes).
 - Each test runs in a child the server forks. The child puts itself in its own process group, dies with the server
@@ -152,6 +153,17 @@ def snapshot_environ() -> dict[str, str]:
 
 
 snapshot_environ()
+
+
+def _thread_count():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+# A thread started after this (by an OpenMP parallel region, for one) may belong to a pool that a forked process lacks.
+_threads_at_import = _thread_count()
 
 
 def isolated_environ() -> dict[str, str]:
@@ -523,13 +535,20 @@ def _preloaded_count():
 def _can_fork_server():
     """
     Whether this process can be copied into the test server now: while pytest (8.2 or later, which sets
-    `PYTEST_VERSION`) runs and no test does (`PYTEST_CURRENT_TEST`), that is while it imports the test modules; on Linux,
-    from the main thread, and with a torch built for the CPU only. A CUDA, ROCm or XPU build may have started its driver
-    (`transformers.testing_utils` looks for devices on import), which a forked process cannot use.
+    `PYTEST_VERSION`) runs and no test does (`PYTEST_CURRENT_TEST`), that is while it imports the test modules; on
+    Linux, from the main thread, and with a torch built for the CPU only. A CUDA, ROCm or XPU build may have started
+    its driver (`transformers.testing_utils` looks for devices on import), which a forked process cannot use.
+
+    Nor when the process has more threads than when this module was imported: a fork has only the thread that forked,
+    and after an OpenMP parallel region (a large tensor operation at import time), a forked process would wait forever
+    for the pool's threads in its next one.
     """
     if _in_fresh_process or "PYTEST_VERSION" not in os.environ or _PER_TEST_VARIABLE in os.environ:
         return False
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return False
+    threads = _thread_count()
+    if threads is None or _threads_at_import is None or threads > _threads_at_import:
         return False
     torch = sys.modules.get("torch")
     version = getattr(torch, "version", None)
@@ -673,7 +692,7 @@ def _format_output(output):
 
 
 def _serve():
-    """Entry point of a server started as a new interpreter (`python -c`, arguments: the request and response pipes)."""
+    """Entry point of a new interpreter as server (`python -c`, arguments: the request and response pipes)."""
     _serve_on(int(sys.argv[1]), int(sys.argv[2]))
 
 

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 import warnings
@@ -697,14 +698,19 @@ def _collecting_environ():
 
 
 class ServerTest(TestCasePlus):
-    """How the test server is made: a copy of the pytest process while it imports the test modules, or a new interpreter."""
+    """How the test server is made: a copy of the pytest process while it collects, or a new interpreter."""
 
     @unittest.skipUnless(
         sys.platform.startswith("linux") and torch.version.cuda is None and torch.version.hip is None,
         "the server is only forked on Linux, with a torch built for the CPU only",
     )
     def test_server_is_forked_while_collecting_until_a_test_uses_it(self):
-        with mock.patch.object(testing_isolation, "_server", None):
+        # Earlier tests of this worker may have started threads (an OpenMP pool) that would prevent the fork.
+        threads = testing_isolation._thread_count()
+        with (
+            mock.patch.object(testing_isolation, "_server", None),
+            mock.patch.object(testing_isolation, "_threads_at_import", threads),
+        ):
             try:
                 with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
                     testing_isolation._fork_server_while_collecting()
@@ -726,6 +732,16 @@ class ServerTest(TestCasePlus):
                 testing_isolation._discard_server(second)
                 testing_isolation._fork_server_while_collecting()  # a test is running: no copy of this process
                 self.assertIsNone(testing_isolation._server)
+                stop = threading.Event()
+                thread = threading.Thread(target=stop.wait)
+                thread.start()
+                try:
+                    with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
+                        testing_isolation._fork_server_while_collecting()  # a thread more than at import: no copy
+                finally:
+                    stop.set()
+                    thread.join()
+                self.assertIsNone(testing_isolation._server)
             finally:
                 if testing_isolation._server is not None:
                     testing_isolation._discard_server(testing_isolation._server)
@@ -733,7 +749,11 @@ class ServerTest(TestCasePlus):
     @slow
     def test_new_interpreter_replaces_a_forked_server_that_cannot_start(self):
         """The new interpreter is also the server of CUDA, ROCm and XPU builds, and the one replacing a dead server."""
-        with mock.patch.object(testing_isolation, "_server", None):
+        threads = testing_isolation._thread_count()
+        with (
+            mock.patch.object(testing_isolation, "_server", None),
+            mock.patch.object(testing_isolation, "_threads_at_import", threads),
+        ):
             try:
                 with (
                     mock.patch.dict(os.environ, _collecting_environ(), clear=True),
