@@ -57,8 +57,9 @@ How it works:
   start methods, DataLoader workers or a forkserver started by other tests do not affect it. It never runs a test and
   never initializes CUDA, and it exits when the pytest process is gone (its request pipe closes).
 - Each test runs in a child the server forks. The child puts itself in its own process group, dies with the server
-  (Linux), resets `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR`
-  of its own), takes the parent's `sys.path` and working directory, imports the test module, calls
+  (Linux), sends its output to a file the parent reads (with `faulthandler` on, so a crash shows where), resets
+  `os.environ` to [`isolated_environ`] (plus the `PYTEST_CURRENT_TEST` of the parent, and a `TMPDIR` of its own),
+  takes the parent's `sys.path` and working directory, imports the test module (unless the server has it), calls
   [`~trainer_utils.enable_full_determinism`] with `seed` and runs the test: for a `unittest.TestCase` method, a new
   instance of the class runs `setUpModule`, `setUpClass`, `setUp`, the test, `tearDown`, the cleanups,
   `tearDownClass` and `tearDownModule` through `unittest` itself; a plain function is simply called. Arguments (the
