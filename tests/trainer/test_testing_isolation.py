@@ -697,6 +697,23 @@ def _collecting_environ():
     return {**environ, "PYTEST_VERSION": pytest.__version__}
 
 
+@contextlib.contextmanager
+def _server_of_the_test():
+    """
+    Hides the server of this process behind one the test makes (discarded at the end). The threads that earlier tests
+    of this worker may have started (an OpenMP pool) count as there since the import, so that a copy can be made.
+    """
+    with (
+        mock.patch.object(testing_isolation, "_server", None),
+        mock.patch.object(testing_isolation, "_threads_at_import", testing_isolation._thread_count()),
+    ):
+        try:
+            yield
+        finally:
+            if testing_isolation._server is not None:
+                testing_isolation._discard_server(testing_isolation._server)
+
+
 class ServerTest(TestCasePlus):
     """How the test server is made: a copy of the pytest process while it collects, or a new interpreter."""
 
@@ -705,73 +722,56 @@ class ServerTest(TestCasePlus):
         "the server is only forked on Linux, with a torch built for the CPU only",
     )
     def test_server_is_forked_while_collecting_until_a_test_uses_it(self):
-        # Earlier tests of this worker may have started threads (an OpenMP pool) that would prevent the fork.
-        threads = testing_isolation._thread_count()
-        with (
-            mock.patch.object(testing_isolation, "_server", None),
-            mock.patch.object(testing_isolation, "_threads_at_import", threads),
-        ):
+        with _server_of_the_test():
+            with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
+                testing_isolation._fork_server_while_collecting()
+                first = testing_isolation._server
+                self.assertTrue(first.forked)
+                self.assertIsNone(first.process.poll())
+                testing_isolation._fork_server_while_collecting()  # nothing more imported: the same server
+                self.assertIs(testing_isolation._server, first)
+                more = first.preloaded + 1
+                with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more):
+                    testing_isolation._fork_server_while_collecting()
+                second = testing_isolation._server
+                self.assertIsNot(second, first)
+                self.assertIsNotNone(first.process.returncode)  # the copy nothing used is gone, and reaped
+                second.start()
+                with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more + 1):
+                    testing_isolation._fork_server_while_collecting()
+                self.assertIs(testing_isolation._server, second)  # a test used it: never replaced
+            testing_isolation._discard_server(second)
+            testing_isolation._fork_server_while_collecting()  # a test is running: no copy of this process
+            self.assertIsNone(testing_isolation._server)
+            stop = threading.Event()
+            thread = threading.Thread(target=stop.wait)
+            thread.start()
             try:
                 with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
-                    testing_isolation._fork_server_while_collecting()
-                    first = testing_isolation._server
-                    self.assertTrue(first.forked)
-                    self.assertIsNone(first.process.poll())
-                    testing_isolation._fork_server_while_collecting()  # nothing more imported: the same server
-                    self.assertIs(testing_isolation._server, first)
-                    more = first.preloaded + 1
-                    with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more):
-                        testing_isolation._fork_server_while_collecting()
-                    second = testing_isolation._server
-                    self.assertIsNot(second, first)
-                    self.assertIsNotNone(first.process.returncode)  # the copy nothing used is gone, and reaped
-                    second.start()
-                    with mock.patch.object(testing_isolation, "_preloaded_count", return_value=more + 1):
-                        testing_isolation._fork_server_while_collecting()
-                    self.assertIs(testing_isolation._server, second)  # a test used it: never replaced
-                testing_isolation._discard_server(second)
-                testing_isolation._fork_server_while_collecting()  # a test is running: no copy of this process
-                self.assertIsNone(testing_isolation._server)
-                stop = threading.Event()
-                thread = threading.Thread(target=stop.wait)
-                thread.start()
-                try:
-                    with mock.patch.dict(os.environ, _collecting_environ(), clear=True):
-                        testing_isolation._fork_server_while_collecting()  # a thread more than at import: no copy
-                finally:
-                    stop.set()
-                    thread.join()
-                self.assertIsNone(testing_isolation._server)
+                    testing_isolation._fork_server_while_collecting()  # a thread more than at import: no copy
             finally:
-                if testing_isolation._server is not None:
-                    testing_isolation._discard_server(testing_isolation._server)
+                stop.set()
+                thread.join()
+            self.assertIsNone(testing_isolation._server)
 
     @slow
     def test_new_interpreter_replaces_a_forked_server_that_cannot_start(self):
         """The new interpreter is also the server of CUDA, ROCm and XPU builds, and the one replacing a dead server."""
-        threads = testing_isolation._thread_count()
-        with (
-            mock.patch.object(testing_isolation, "_server", None),
-            mock.patch.object(testing_isolation, "_threads_at_import", threads),
-        ):
-            try:
-                with (
-                    mock.patch.dict(os.environ, _collecting_environ(), clear=True),
-                    mock.patch.object(testing_isolation, "_warm_up", side_effect=RuntimeError("warm-up broken")),
-                ):
-                    testing_isolation._fork_server_while_collecting()
-                forked = testing_isolation._server
-                with CaptureLogger(testing_isolation.logger) as captured:
-                    _poison_everything()
-                    run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
-                    run_test_in_fresh_process(_check_thread_counts)(_fresh_interpreter_threads())
-                if forked is not None:  # forked on Linux with a CPU-only torch
-                    self.assertIn("warm-up broken", captured.out)
-                    self.assertIsNotNone(forked.process.returncode)
-                self.assertFalse(testing_isolation._server.forked)
-            finally:
-                if testing_isolation._server is not None:
-                    testing_isolation._discard_server(testing_isolation._server)
+        with _server_of_the_test():
+            with (
+                mock.patch.dict(os.environ, _collecting_environ(), clear=True),
+                mock.patch.object(testing_isolation, "_warm_up", side_effect=RuntimeError("warm-up broken")),
+            ):
+                testing_isolation._fork_server_while_collecting()
+            forked = testing_isolation._server
+            with CaptureLogger(testing_isolation.logger) as captured:
+                _poison_everything()
+                run_test_in_fresh_process(_check_pristine_state)(isolated_environ())
+                run_test_in_fresh_process(_check_thread_counts)(_fresh_interpreter_threads())
+            if forked is not None:  # forked on Linux with a CPU-only torch
+                self.assertIn("warm-up broken", captured.out)
+                self.assertIsNotNone(forked.process.returncode)
+            self.assertFalse(testing_isolation._server.forked)
 
 
 FIXTURE_CALLS = []
