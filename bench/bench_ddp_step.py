@@ -14,6 +14,7 @@ overall.
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -106,6 +107,8 @@ def launch(variant, steps, out):
     env["PYTHONPATH"] = os.pathsep.join(([STOCK_SRC] if variant == "stock" else []) + paths)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}"]
     command += ["--max_restarts=0", os.path.abspath(__file__), "--ddp-run", str(steps), out]
+    # torchrun never removes its log folders (`torchelastic_*`): they go to a temporary folder removed afterwards.
+    env["TMPDIR"] = tempfile.mkdtemp(prefix="bench_ddp_")
     launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         returncode = launcher.wait(timeout=LAUNCH_TIMEOUT)
@@ -113,6 +116,8 @@ def launch(variant, steps, out):
         launcher.terminate()
         launcher.wait()
         raise SystemExit(f"the {variant} launch did not finish within {LAUNCH_TIMEOUT} s")
+    finally:
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     if returncode != 0:
         raise SystemExit(f"the {variant} launch failed (torchrun exit status {returncode})")
     results = []

@@ -75,6 +75,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -418,7 +419,11 @@ def _launch_ddp_runs(variant: str, options, base: str) -> dict:
         *_worker_command(variant, options, worker_flag="--ddp-worker")[1:],
     ]
     print(f"[{variant}] ddp: running 2 processes ...", flush=True)
-    launcher = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    # torchrun never removes its log folders (`torchelastic_*`): they go to a temporary folder removed afterwards.
+    tmp_dir = tempfile.mkdtemp(prefix="repro_ddp_")
+    launcher = subprocess.Popen(
+        command, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp_dir), start_new_session=True
+    )
     try:
         returncode = launcher.wait(timeout=DDP_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -429,6 +434,8 @@ def _launch_ddp_runs(variant: str, options, base: str) -> dict:
             os.killpg(launcher.pid, 9)
             launcher.wait()
         returncode = f"timeout after {DDP_TIMEOUT} s"
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     path = os.path.join(base, "ddp", "ddp.json")
     if returncode != 0 or not os.path.isfile(path):
         error = f"the two-process run failed (torchrun exit status {returncode})"

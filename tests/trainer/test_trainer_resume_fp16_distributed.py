@@ -246,6 +246,8 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
             output_dir,
         ]
         env = {**self.get_env(), **DETERMINISTIC_ENV, "OMP_NUM_THREADS": "1"}
+        # The launcher's log folders (`torchelastic_*`, never removed) go with the temporary folders of the test.
+        env["TMPDIR"] = self.get_auto_remove_tmp_dir()
         launcher = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
