@@ -17,7 +17,9 @@ Per-test cost of ways of running the same test body, from one run.
 With `--parity`: the fp16 resume parity test of `tests/trainer/test_trainer_resume_fp16.py` (a tiny GPT-2, one
 uninterrupted fp16 Trainer run and three resumed ones), run through `unittest` alternately in process (warm: after a
 first run in this process) and with `run_test_in_fresh_process` (its server started beforehand), both on one torch
-thread as the test asks; the ratio of the medians is the cost of a fresh process for that test.
+thread as the test asks; the ratio of the medians is the cost of a fresh process for that test. With
+`--forked-server`, the server is a copy of this process made when the test module is imported, as under pytest 8.2+;
+without it, a new interpreter, as outside pytest.
 
 Without it, four ways of running a small body:
 
@@ -31,7 +33,7 @@ Usage:
 
 ```bash
 python bench/bench_isolation.py [--repeats 50] [--subprocess-repeats 3] [--trainer] [--out results.json]
-python bench/bench_isolation.py --parity [--repeats 7] [--out results.json]
+python bench/bench_isolation.py --parity [--repeats 7] [--forked-server] [--out results.json]
 ```
 
 Prints JSON to stdout and a table to stderr. Times are wall-clock seconds per test; `overhead` subtracts `in_process`.
@@ -47,6 +49,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+from unittest import mock
 
 
 BODIES = """
@@ -134,14 +137,16 @@ def measure(body_name, directory, repeats, subprocess_repeats):
 PARITY_TEST = "test_resume_matches_uninterrupted_run_0_adamw_torch"
 
 
-def measure_parity(repeats):
+def measure_parity(repeats, forked_server):
     """Times the parity test in process and in a fresh process, alternately; returns the JSON-able results."""
     import torch
 
     import transformers.testing_isolation as isolation
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "trainer"))
-    from test_trainer_resume_fp16 import TrainerResumeFp16ParityTest
+    # Under pytest 8.2+ (`PYTEST_VERSION`), importing the test module makes the server: a copy of this process.
+    with mock.patch.dict(os.environ, {"PYTEST_VERSION": "bench"} if forked_server else {}):
+        from test_trainer_resume_fp16 import TrainerResumeFp16ParityTest
 
     torch.set_num_threads(1)  # what the test's `run_test_in_fresh_process(num_threads=1)` gives its child
 
@@ -159,6 +164,7 @@ def measure_parity(repeats):
     start = time.perf_counter()
     first = {"fresh_process": run(False)}  # includes the server start-up
     first["server_startup_and_first_test_seconds"] = time.perf_counter() - start
+    first["server"] = "copy of this process" if isolation._server.forked else "new interpreter"
     first["in_process"] = run(True)  # cold: the first Trainer runs of this process
     times = {"in_process": [], "fresh_process": []}
     for _ in range(repeats):
@@ -198,13 +204,18 @@ def main():
     parser.add_argument("--subprocess-repeats", type=int, default=3, help="Calls timed for the two subprocess modes.")
     parser.add_argument("--trainer", action="store_true", help="Also time a 5-step Trainer run on a tiny model.")
     parser.add_argument("--parity", action="store_true", help="Time the fp16 parity test instead (see above).")
+    parser.add_argument(
+        "--forked-server",
+        action="store_true",
+        help="With --parity: the server is a copy of this process, as under pytest 8.2+ (else a new interpreter).",
+    )
     parser.add_argument("--out", help="Also write the JSON results to this file.")
     args = parser.parse_args()
 
     if args.parity:
         results = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "cpu_count": os.cpu_count()}
         results["load_average_before"] = os.getloadavg()
-        results["parity"] = measure_parity(args.repeats if args.repeats != 50 else 7)
+        results["parity"] = measure_parity(args.repeats if args.repeats != 50 else 7, args.forked_server)
         results["load_average_after"] = os.getloadavg()
         print(json.dumps(results, indent=2))
         if args.out:
@@ -214,7 +225,7 @@ def main():
         print(
             f"parity test: in process {parity['median_seconds']['in_process']:.3f} s, fresh process "
             f"{parity['median_seconds']['fresh_process']:.3f} s (medians of {parity['repeats']}), ratio "
-            f"{parity['ratio_fresh_to_in_process']:.3f}",
+            f"{parity['ratio_fresh_to_in_process']:.3f}; server: {parity['first_runs_seconds']['server']}",
             file=sys.stderr,
         )
         return
