@@ -118,7 +118,7 @@ ISOLATION_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 PRELOADED_MODULES = ("torch", "transformers", "transformers.trainer", "transformers.testing_isolation")
 """Modules the server imports before it forks any child."""
 # Also imported by the server where installed. `transformers.testing_utils` calls `torch.cuda.is_available()` on
-# import, which starts the CUDA driver: it is only preloaded when torch is built without CUDA.
+# import, which starts the CUDA driver: it is only preloaded when torch is built for the CPU only.
 _OPTIONAL_PRELOADED_MODULES = ("pytest", "parameterized", "accelerate", "safetensors.torch")
 _CPU_ONLY_PRELOADED_MODULES = ("transformers.testing_utils",)
 
@@ -552,8 +552,12 @@ def _can_fork_server():
     if threads is None or _threads_at_import is None or threads > _threads_at_import:
         return False
     torch = sys.modules.get("torch")
-    version = getattr(torch, "version", None)
-    return torch is None or all(getattr(version, name, None) is None for name in ("cuda", "hip", "xpu"))
+    return torch is None or _built_for_cpu_only(torch)
+
+
+def _built_for_cpu_only(torch):
+    """Whether torch is built without CUDA, ROCm and XPU: nothing in this process can have started their drivers."""
+    return all(getattr(torch.version, name, None) is None for name in ("cuda", "hip", "xpu"))
 
 
 def _fork_server_while_collecting():
@@ -830,7 +834,7 @@ def _preload():
     import torch
 
     optional = _OPTIONAL_PRELOADED_MODULES
-    if torch.version.cuda is None and torch.version.hip is None:
+    if _built_for_cpu_only(torch):
         optional = optional + _CPU_ONLY_PRELOADED_MODULES
     for name in optional:
         with contextlib.suppress(ImportError):

@@ -718,7 +718,7 @@ class ServerTest(TestCasePlus):
     """How the test server is made: a copy of the pytest process while it collects, or a new interpreter."""
 
     @unittest.skipUnless(
-        sys.platform.startswith("linux") and torch.version.cuda is None and torch.version.hip is None,
+        sys.platform.startswith("linux") and testing_isolation._built_for_cpu_only(torch),
         "the server is only forked on Linux, with a torch built for the CPU only",
     )
     def test_server_is_forked_while_collecting_until_a_test_uses_it(self):
