@@ -1,10 +1,11 @@
 # Workbench for our transformers and accelerate forks and the PR stack. See utils/workbench/ for each step.
 #   make fork      venv + pinned tools + build/transformers and build/accelerate (pristine sdist + overlay + patches),
 #                  both installed editable
-#   make test      make fork, check the stack (each PR's level applies with git am, is exported, and its own tests
-#                  pass at its level; the top transformers level's tests run in the full run), then all tests,
-#                  then the harness and resume tests again under upstream's pytest pins and plugins (utils/upstream_pins.py),
-#                  and the DeepSpeed fp16 resume test with upstream's deepspeed spec
+#   make test      make fork, check the stack (the series applies PR after PR, each PR's level - the pristine base plus
+#                  the PRs it depends on - applies with git am, everything is exported, and each PR's own tests pass
+#                  at its level against the other upstream's release), then all tests with the global-state plugin
+#                  (utils/pytest_global_state.py), then the PRs' tests again under upstream's pytest pins and plugins
+#                  (utils/upstream_pins.py), and the DeepSpeed fp16 resume test with upstream's deepspeed spec
 #   make patches   export the forks' commits back into the overlays and patches/<upstream>/
 #   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
 #   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
@@ -21,8 +22,8 @@ FORK_ARGS ?=
 PYTEST_ARGS ?= -n auto
 
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
-OWN_PY := utils tests/utils bench
-OVERLAY_PY := $(wildcard src tests/trainer)
+OWN_PY := utils tests/workbench bench
+OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
 .PHONY: fork deps test patches check pr quality repro
@@ -37,16 +38,15 @@ fork: deps
 	$(VPY) $(FORK) build $(FORK_ARGS)
 
 # As upstream's CI: one OpenMP thread per process (pytest-xdist runs one worker per core). `make test` also runs the
-# tests marked `@slow` (the two-process launches, the tests that run a whole pytest process), which upstream's
-# per-PR CI leaves to its scheduled runs.
+# tests marked `@slow` (the two-process launches), which upstream's per-PR CI leaves to its scheduled runs.
 test: export OMP_NUM_THREADS := 1
 test: export RUN_SLOW := 1
 test: fork
-	$(VPY) $(FORK) check --tests --skip-repo-tests-at-top --pytest-args "$(PYTEST_ARGS)"
-	$(VPY) -m pytest $(PYTEST_ARGS) tests
+	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
+	PYTHONPATH=utils $(VPY) -m pytest -p pytest_global_state $(PYTEST_ARGS) tests
 	$(VPY) utils/upstream_pins.py
 	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
-		-p no:cacheprovider --timeout 900 -k deepspeed tests/trainer/test_trainer_resume_fp16_distributed.py
+		-p no:cacheprovider --timeout 900 -k deepspeed tests/workbench/test_distributed_resume.py
 
 repro: fork
 	$(VPY) utils/repro.py

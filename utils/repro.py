@@ -47,10 +47,10 @@ Choices made to see the bug on a tiny model:
   each fp16 run sets `trainer.accelerator.native_amp = True` (accelerate then wraps the forward in
   `torch.autocast("cpu", torch.float16)`) and `trainer.accelerator.scaler = torch.amp.GradScaler("cpu")` before
   `train()`. With a CUDA device (`--device auto` picks it) the runs use plain `fp16=True`, no such adjustment.
-- Stock Trainers do not log the loss scale. A callback of this script records it (and counts the updates where the
-  scale backed off, i.e. skipped updates) into the log entries of runs that do not log `loss_scale` themselves, as
-  `repro_loss_scale` / `repro_num_skipped_updates`; tables and comparisons show them as `loss_scale` /
-  `num_skipped_updates`, marked as observed.
+- Stock Trainers do not log the loss scale, and no Trainer logs a count of skipped updates. A callback of this script
+  counts the updates where the scale backed off (skipped updates) into the log entries of every fp16 run, as
+  `repro_num_skipped_updates`, and records the scale in those of runs that do not log `loss_scale` themselves, as
+  `repro_loss_scale`; tables and comparisons show them as `num_skipped_updates` / `loss_scale`, marked as observed.
 
 Stock and fork run in separate worker processes of this script (in parallel), the stock one with
 `PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. When the default
@@ -211,9 +211,9 @@ class _MessageCapture(logging.Handler):
 
 def _make_probe_callback(trainer):
     """
-    Returns a callback that adds `repro_loss_scale` and `repro_num_skipped_updates` to the log entries of a run that
-    does not log `loss_scale` itself (stock). An update counts as skipped when the scale backed off during the step.
-    Assumes logging at every step.
+    Returns a callback that adds `repro_num_skipped_updates` to the log entries of an fp16 run, and `repro_loss_scale`
+    to those of a run that does not log `loss_scale` itself (stock). An update counts as skipped when the scale backed
+    off during the step. Assumes logging at every step.
     """
     from transformers import TrainerCallback
 
@@ -236,12 +236,13 @@ def _make_probe_callback(trainer):
 
         def on_log(self, args, state, control, **kwargs):
             entry = state.log_history[-1]
-            if self._scaler() is None or "loss" not in entry or "loss_scale" in entry:
+            if self._scaler() is None or "loss" not in entry:
                 return
             earlier = [
                 e["repro_num_skipped_updates"] for e in state.log_history[:-1] if "repro_num_skipped_updates" in e
             ]
-            entry["repro_loss_scale"] = self._scaler().get_scale()
+            if "loss_scale" not in entry:
+                entry["repro_loss_scale"] = self._scaler().get_scale()
             entry["repro_num_skipped_updates"] = (earlier[-1] if earlier else 0) + int(self.skipped)
 
     return LossScaleProbe()
@@ -634,8 +635,8 @@ def run_workers(options) -> dict:
 
 def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
     """
-    Returns `history` with repro's observed `repro_*` fields under the names the fork logs (`loss_scale`,
-    `num_skipped_updates`), and whether any was observed rather than logged.
+    Returns `history` with repro's observed `repro_*` fields under the names of the logged fields (`loss_scale`,
+    which the fork logs, and `num_skipped_updates`), and whether any was observed rather than logged.
     """
     normalized, observed = [], False
     for entry in history:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the harness and fp16 resume tests under upstream's own pytest pins and test plugins.
+"""Run the PRs' tests under upstream's own pytest pins and test plugins.
 
 Upstream's ``setup.py`` pins pytest to a range (``pytest>=7.2.0,<9.0.0`` for 5.24.0) and its ``testing`` extra adds
 pytest-xdist, pytest-random-order, pytest-rerunfailures, pytest-timeout and pytest-order. The main venv has the newest
@@ -33,9 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pytest", "pytest-xdist", "pytest-random-order", "pytest-rerunfailures", "pytest-timeout", "pytest-order")
 DEFAULT_TESTS = (
-    "tests/trainer/test_testing_isolation.py",
-    "tests/trainer/test_trainer_scaler_checkpoint.py",
-    "tests/trainer/test_trainer_skipped_updates.py",
+    "tests/utils/test_run_test_using_subprocess.py",
+    "tests/trainer/test_trainer_scaler_resume.py",
+    "tests/trainer/test_trainer_jit_checkpoint_signal.py",
+    "tests/trainer/test_trainer_fused_optimizer_skip.py",
+    "tests/trainer/test_trainer_loss_scale_logging.py",
     "tests/trainer/test_trainer_resume_fp16.py",
 )
 DEFAULT_PYTEST_ARGS = ("-n", "2", "--random-order", "--timeout", "900", "-p", "no:cacheprovider")
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
         default=[],
         help="also install this package at upstream's spec (e.g. deepspeed), next to the main venv's packages",
     )
-    parser.add_argument("pytest_args", nargs="*", help="pytest arguments (default: the harness and resume tests)")
+    parser.add_argument("pytest_args", nargs="*", help="pytest arguments (default: the tests of the PRs)")
     args = parser.parse_args(argv)
     try:
         specs = upstream_specs(args.fork / "setup.py")

@@ -12,12 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-Exact resume of fp16 mixed precision training (#34053).
+Resuming fp16 mixed precision training matches the uninterrupted run bit for bit (#34053).
 
-On CPU, Accelerate builds no `GradScaler` and `fp16=True` silently trains in fp32, so these tests put a
-`torch.amp.GradScaler("cpu")` on the Trainer's accelerator and turn on autocast: the forward really runs in fp16 and the
-loss scale really moves. On an accelerator the same tests run in real fp16, with a `GradScaler` for that device set up
-the same way (a low initial scale and a short growth interval, so that a few steps exercise backoff and growth).
+On CPU, Accelerate builds no `GradScaler` for fp16, so these tests give the Trainer's accelerator a CPU
+`torch.amp.GradScaler` and turn on its autocast: the forward really runs in fp16 and the loss scale really moves. On an
+accelerator (`@slow`), the scaler is the one Accelerate builds for the device. Each test runs in a fresh process with
+deterministic algorithms, so no other test can change its global state and it changes none.
 """
 
 import os
@@ -27,18 +27,30 @@ import torch
 from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-from transformers.testing_isolation import run_test_in_fresh_process
-from transformers.testing_utils import TestCasePlus, require_torch_accelerator, torch_device
-from transformers.trainer_skipped_updates import get_num_skipped_updates
+from transformers.testing_utils import (
+    TestCasePlus,
+    require_torch_accelerator,
+    run_test_using_subprocess,
+    slow,
+    torch_device,
+)
 
 
-# Overflows are injected at these update steps: a streak of three skipped updates. With `growth_interval=3` the scale
-# grows at steps 3 and 9, so checkpoint-5 sits inside the streak, checkpoint-8 just before a growth, and checkpoint-9
-# just after one.
-OVERFLOW_STEPS = (4, 5, 6)
-MAX_STEPS = 12
-RESUME_STEPS = {"inside_overflow_streak": 5, "before_scale_growth": 8, "after_scale_growth": 9}
-LOGGED_FIELDS = ("loss", "grad_norm", "learning_rate", "loss_scale", "num_skipped_updates")
+# Update attempts whose gradients overflow (a streak of three skipped updates). With an initial scale of 2**10 and
+# `growth_interval=3`, the scale grows after attempts 3 and 9: attempt 5 is inside the streak, 8 just before a growth and
+# 9 just after one. Overflows and checkpoints are keyed on the callback's own count of attempts, not on
+# `state.global_step`, which Trainer versions advance differently on skipped updates.
+OVERFLOW_ATTEMPTS = (4, 5, 6)
+RESUME_ATTEMPTS = {"inside_overflow_streak": 5, "before_scale_growth": 8, "after_scale_growth": 9}
+SCALER_STATE = {
+    "scale": 2.0**10,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 3,
+    "_growth_tracker": 0,
+}
+# The loss scale after each of the first 9 attempts.
+EXPECTED_SCALES = [2.0**10, 2.0**10, 2.0**11, 2.0**10, 2.0**9, 2.0**8, 2.0**8, 2.0**8, 2.0**9]
 
 
 class RandomTokenDataset(torch.utils.data.Dataset):
@@ -53,91 +65,84 @@ class RandomTokenDataset(torch.utils.data.Dataset):
         return {"input_ids": self.input_ids[i], "labels": self.input_ids[i]}
 
 
-class GradientOverflowCallback(TrainerCallback):
-    """Turns one gradient entry into `inf` during the update steps in `steps`, in every micro-batch of those steps."""
+class Fp16ScenarioCallback(TrainerCallback):
+    """
+    Counts update attempts from `attempts` on, turns a gradient entry into `inf` in the attempts of
+    `OVERFLOW_ATTEMPTS`, records the learning rate and loss scale after each attempt, and saves a checkpoint at the
+    first update after each attempt of `save_attempts` (a Trainer that does not end a skipped update with a step
+    cannot save inside an overflow streak).
+    """
 
-    def __init__(self, steps):
-        self.steps = set(steps)
-        self.active = False
+    def __init__(self, scaler, save_attempts=(), attempts=0):
+        self.scaler, self.pending_saves, self.attempts = scaler, sorted(save_attempts), attempts
+        self.checkpoints, self.trace = {}, {}
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         model.get_input_embeddings().weight.register_hook(self._overflow)
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.active = state.global_step + 1 in self.steps
-
     def _overflow(self, grad):
-        if not self.active:
+        if self.attempts not in OVERFLOW_ATTEMPTS:
             return grad
         grad = grad.clone()
         grad.view(-1)[0] = float("inf")
         return grad
 
+    def _record(self, optimizer):
+        self.trace[self.attempts] = (optimizer.param_groups[0]["lr"], self.scaler.get_scale())
 
-class SaveAtSteps(TrainerCallback):
-    """Saves a checkpoint at the given update steps only (saving is most of the cost of these tiny runs)."""
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        self._record(optimizer)  # the state the previous attempt left, or the resumed one
+        self.attempts += 1
 
-    def __init__(self, steps):
-        self.steps = set(steps)
+    def on_train_end(self, args, state, control, optimizer=None, **kwargs):
+        self._record(optimizer)
 
     def on_step_end(self, args, state, control, **kwargs):
-        control.should_save = state.global_step in self.steps
+        control.should_save = bool(self.pending_saves) and self.pending_saves[0] <= self.attempts
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.checkpoints[self.pending_saves.pop(0)] = (checkpoint, self.attempts)
 
 
-def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_steps=1, precision="fp16", **kwargs):
-    """
-    A tiny GPT-2 Trainer that saves every step, or only at the steps in `checkpoint_steps` if given. `precision` is
-    "fp16" (with a real loss scaler), "bf16" or "fp32".
-    """
-    overflow_steps = kwargs.pop("overflow_steps", OVERFLOW_STEPS)
-    callbacks = [GradientOverflowCallback(overflow_steps)]
-    checkpoint_steps = kwargs.pop("checkpoint_steps", None)
-    if checkpoint_steps is not None:
-        kwargs["save_strategy"] = "no"
-        callbacks.append(SaveAtSteps(checkpoint_steps))
-    max_steps = kwargs.pop("max_steps", MAX_STEPS)
-    scaler_kwargs = {"init_scale": 2.0**10, "growth_interval": 3, **kwargs.pop("scaler_kwargs", {})}
+def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_steps=1, save_attempts=(), attempts=0):
+    """A tiny GPT-2 Trainer training in fp16 with a loss scaler that backs off and grows within a few attempts."""
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
-    )
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
+        output_dir=output_dir,
+        max_steps=12,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=gradient_accumulation_steps,
         learning_rate=1e-3,
         lr_scheduler_type="cosine",
         optim=optim,
-        fp16=precision == "fp16",
-        bf16=precision == "bf16",
+        fp16=True,
         use_cpu=torch_device in (None, "cpu"),
-        save_steps=1,
+        save_strategy="no",
         logging_steps=1,
         seed=42,
         report_to=[],
-        disable_tqdm=True,
-        **kwargs,
     )
-    trainer = Trainer(model, args, train_dataset=RandomTokenDataset(), callbacks=callbacks)
-    if precision == "fp16":
-        trainer.accelerator.scaler = torch.amp.GradScaler(args.device.type, **scaler_kwargs)
-        if args.device.type == "cpu":
-            trainer.accelerator.native_amp = True
-    return trainer
+    trainer = Trainer(GPT2LMHeadModel(config), args, train_dataset=RandomTokenDataset())
+    if trainer.accelerator.scaler is None:  # CPU: Accelerate builds no scaler for fp16 there
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+        trainer.accelerator.native_amp = True
+    trainer.accelerator.scaler.load_state_dict(SCALER_STATE)
+    scenario = Fp16ScenarioCallback(trainer.accelerator.scaler, save_attempts, attempts)
+    trainer.add_callback(scenario)
+    return trainer, scenario
 
 
-def training_logs(trainer):
-    return {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
-
-
-def assert_exactly_equal(actual, expected, path="state"):
-    """Bit-exact comparison of nested dicts, lists, tensors and numbers."""
+def assert_exactly_equal(actual, expected, path):
+    """Bit-exact comparison of nested dicts, lists, tensors and numbers; names the first difference."""
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype, f"{path}: {actual!r}"
-        assert torch.equal(actual, expected), f"{path} differs"
+        if not torch.equal(actual, expected):
+            diff = (actual.double() - expected.double()).abs().max().item() if actual.shape == expected.shape else None
+            raise AssertionError(f"{path} differs (shape {tuple(actual.shape)}, max abs difference {diff})")
     elif isinstance(expected, dict):
-        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{path}: keys {actual.keys()}"
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{path}: keys {list(actual)}"
         for key in expected:
             assert_exactly_equal(actual[key], expected[key], f"{path}[{key!r}]")
     elif isinstance(expected, (list, tuple)):
@@ -149,65 +154,74 @@ def assert_exactly_equal(actual, expected, path="state"):
 
 
 def assert_same_training(resumed, uninterrupted):
-    """The resumed run matches the uninterrupted one at every logged step and in its final states, bit for bit."""
-    resumed_logs, uninterrupted_logs = training_logs(resumed), training_logs(uninterrupted)
-    assert resumed_logs.keys() == uninterrupted_logs.keys()
-    for step, expected in uninterrupted_logs.items():
-        actual = {field: resumed_logs[step].get(field) for field in LOGGED_FIELDS}
-        assert actual == {field: expected.get(field) for field in LOGGED_FIELDS}, f"step {step} differs"
-    assert resumed.state.global_step == uninterrupted.state.global_step
-    assert get_num_skipped_updates(resumed.state) == get_num_skipped_updates(uninterrupted.state)
-    assert_exactly_equal(resumed.model.state_dict(), uninterrupted.model.state_dict(), "model")
-    assert_exactly_equal(resumed.optimizer.state_dict(), uninterrupted.optimizer.state_dict(), "optimizer")
-    assert_exactly_equal(resumed.lr_scheduler.state_dict(), uninterrupted.lr_scheduler.state_dict(), "scheduler")
-    assert_exactly_equal(resumed.accelerator.scaler.state_dict(), uninterrupted.accelerator.scaler.state_dict())
+    """The resumed run matches the uninterrupted one after every attempt, in its logs and in its final states."""
+    (trainer, scenario), (expected_trainer, expected_scenario) = resumed, uninterrupted
+    expected_trace = {a: v for a, v in expected_scenario.trace.items() if a >= min(scenario.trace)}
+    assert_exactly_equal(scenario.trace, expected_trace, "learning rate and loss scale after each attempt")
+    logs, expected_logs = ([e for e in t.state.log_history if "loss" in e] for t in (trainer, expected_trainer))
+    assert_exactly_equal(logs, expected_logs, "log history")
+    assert_exactly_equal(trainer.model.state_dict(), expected_trainer.model.state_dict(), "model")
+    for name in ("optimizer", "lr_scheduler"):
+        actual, expected = getattr(trainer, name).state_dict(), getattr(expected_trainer, name).state_dict()
+        assert_exactly_equal(actual, expected, name)
+    expected_scaler = expected_trainer.accelerator.scaler.state_dict()
+    assert_exactly_equal(trainer.accelerator.scaler.state_dict(), expected_scaler, "scaler")
 
 
-class TrainerResumeFp16ParityTest(TestCasePlus):
-    # One uninterrupted run per optimizer and accumulation, against which every resume point is checked (a subtest
-    # each): the resumed runs are the only ones that differ between resume points.
-    @parameterized.expand(
-        [(optim, accumulation) for optim in ("adamw_torch", "adamw_torch_fused", "sgd") for accumulation in (1, 2)]
-    )
-    @run_test_in_fresh_process(num_threads=1)
-    def test_resume_matches_uninterrupted_run(self, optim, gradient_accumulation_steps):
-        output_dir = self.get_auto_remove_tmp_dir()
+class TrainerResumeFp16Test(TestCasePlus):
+    def train_uninterrupted(self, optim, gradient_accumulation_steps, save_attempts):
         uninterrupted = get_fp16_trainer(
-            output_dir, optim, gradient_accumulation_steps, checkpoint_steps=RESUME_STEPS.values()
+            self.get_auto_remove_tmp_dir(), optim, gradient_accumulation_steps, save_attempts
         )
-        uninterrupted.train()
-        # The scenario really exercises the loss scale: the injected overflows were skipped and the scale grew.
-        self.assertEqual(get_num_skipped_updates(uninterrupted.state), len(OVERFLOW_STEPS))
-        scales = [entry["loss_scale"] for entry in training_logs(uninterrupted).values()]
-        self.assertGreater(max(scales), scales[0])
+        uninterrupted[0].train()
+        # The scenario really exercises the loss scale: it backed off at each overflow and grew in between.
+        scales = [uninterrupted[1].trace[attempt][1] for attempt in range(1, len(EXPECTED_SCALES) + 1)]
+        self.assertEqual(scales, EXPECTED_SCALES)
+        return uninterrupted
 
-        for resume_point, step in RESUME_STEPS.items():
-            with self.subTest(resume_point=resume_point):
-                resumed = get_fp16_trainer(
-                    self.get_auto_remove_tmp_dir(), optim, gradient_accumulation_steps, checkpoint_steps=()
-                )
-                resumed.train(resume_from_checkpoint=os.path.join(output_dir, f"checkpoint-{step}"))
-                assert_same_training(resumed, uninterrupted)
+    def resume(self, uninterrupted, optim, gradient_accumulation_steps, attempt):
+        checkpoint, saved_at_attempt = uninterrupted[1].checkpoints[attempt]
+        resumed = get_fp16_trainer(
+            self.get_auto_remove_tmp_dir(), optim, gradient_accumulation_steps, attempts=saved_at_attempt
+        )
+        resumed[0].train(resume_from_checkpoint=checkpoint)
+        return resumed
 
-    @run_test_in_fresh_process(num_threads=1)
+    def check_parity(self, optim):
+        for gradient_accumulation_steps in (1, 2):
+            uninterrupted = self.train_uninterrupted(optim, gradient_accumulation_steps, RESUME_ATTEMPTS.values())
+            for resume_point, attempt in RESUME_ATTEMPTS.items():
+                with self.subTest(resume_point=resume_point, gradient_accumulation_steps=gradient_accumulation_steps):
+                    resumed = self.resume(uninterrupted, optim, gradient_accumulation_steps, attempt)
+                    assert_same_training(resumed, uninterrupted)
+
+    # One fresh process per optimizer; one uninterrupted run per gradient accumulation, shared by its resume points.
+    # The default optimizer runs in every CI run, the others in the slow runs.
+    @run_test_using_subprocess(deterministic=True, timeout=600)
+    def test_resume_matches_uninterrupted_run(self):
+        self.check_parity("adamw_torch_fused")
+
+    @parameterized.expand([("adamw_torch",), ("sgd",)])
+    @slow
+    @run_test_using_subprocess(deterministic=True, timeout=600)
+    def test_resume_matches_uninterrupted_run_other_optimizers(self, optim):
+        self.check_parity(optim)
+
+    @run_test_using_subprocess(deterministic=True, timeout=600)
     def test_parity_check_fails_without_scaler_restore(self):
-        # Sensitivity: with the scaler restore removed, the same comparison catches the divergence of #34053.
-        output_dir = self.get_auto_remove_tmp_dir()
-        uninterrupted = get_fp16_trainer(output_dir, checkpoint_steps=[8])
-        uninterrupted.train()
-        resumed = get_fp16_trainer(self.get_auto_remove_tmp_dir(), checkpoint_steps=())
-        with mock.patch("transformers.trainer.load_scaler_state"):
-            resumed.train(resume_from_checkpoint=os.path.join(output_dir, "checkpoint-8"))
-        with self.assertRaisesRegex(AssertionError, "step 9 differs"):
+        # Sensitivity: when the loss scale is not restored (#34053), the same comparison catches the divergence.
+        uninterrupted = self.train_uninterrupted("adamw_torch", 1, [8])
+        with mock.patch.object(Trainer, "_load_scaler"):
+            resumed = self.resume(uninterrupted, "adamw_torch", 1, 8)
+        with self.assertRaisesRegex(AssertionError, r"loss scale after each attempt\[8\]\[1\]: 1024.0 != 256.0"):
             assert_same_training(resumed, uninterrupted)
 
+    @slow
     @require_torch_accelerator
-    @run_test_in_fresh_process
+    @run_test_using_subprocess(deterministic=True, timeout=600)
     def test_resume_matches_uninterrupted_run_on_accelerator(self):
-        # Real fp16 with the scaler Accelerate builds for the device.
-        output_dir = self.get_auto_remove_tmp_dir()
-        uninterrupted = get_fp16_trainer(output_dir, "adamw_torch_fused")
-        uninterrupted.train()
-        resumed = get_fp16_trainer(self.get_auto_remove_tmp_dir(), "adamw_torch_fused")
-        resumed.train(resume_from_checkpoint=os.path.join(output_dir, "checkpoint-5"))
-        assert_same_training(resumed, uninterrupted)
+        # Real fp16 on the device, with the `GradScaler` Accelerate builds for it (its state set from `SCALER_STATE`).
+        uninterrupted = self.train_uninterrupted("adamw_torch_fused", 1, RESUME_ATTEMPTS.values())
+        for resume_point, attempt in RESUME_ATTEMPTS.items():
+            with self.subTest(resume_point=resume_point):
+                assert_same_training(self.resume(uninterrupted, "adamw_torch_fused", 1, attempt), uninterrupted)

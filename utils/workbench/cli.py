@@ -18,7 +18,6 @@ from .sources import create_pristine, obtain_sdist
 from .stack import (
     LevelConflict,
     build_levels,
-    independence_problems,
     load_stack,
     prs_of,
     run_level_tests,
@@ -33,15 +32,10 @@ DEPS_STAMP_NAME = ".workbench-deps.json"
 # check
 
 
-def covered_by_repo_tests(project: Project, upstream: Upstream, test: str) -> bool:
-    """Whether the repository's own ``pytest tests`` run collects ``test`` (an overlay test file in ``tests/``)."""
-    path = (upstream.repo_dir / test.split("::")[0]).resolve()
-    return path.is_relative_to(project.root / "tests") and path.exists()
-
-
-def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args) -> list[str]:
+def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, stock: list[Path]) -> list[str]:
     """Build ``upstream``'s levels (or, when the stack is unusable, overlay + series), compare with the repository,
-    run each PR's tests at its level. Returns the problems."""
+    run each PR's tests at its level, with the pristine sources of the other upstreams (``stock``) first on the path.
+    Returns the problems."""
     repo = tmp / upstream.name
     try:
         if prs is not None:
@@ -64,20 +58,12 @@ def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args) -
         f"re-exporting would {change} (run `make fork`, then `make patches`)"
         for change in unexported_changes(project, upstream, repo)
     ]
-    if prs is not None and not problems:
-        problems += independence_problems(project, upstream, repo, prs)
     if problems or prs is None or not args.tests:
         return problems
     own = prs_of(prs, upstream)
     pytest_args = args.pytest_args.split() if args.pytest_args else []
     for pr in own:
-        tests = pr.tests
-        if pr is own[-1] and args.skip_repo_tests_at_top:
-            tests = [t for t in tests if not covered_by_repo_tests(project, upstream, t)]
-            if not tests:
-                print(f"\n== PR {pr.name}: top of {upstream.name}, its tests run in the repository's test run")
-                continue
-        problem = run_level_tests(project, upstream, repo, prs, pr, tests, tmp, pytest_args)
+        problem = run_level_tests(project, upstream, repo, prs, pr, pr.tests, tmp, pytest_args, stock)
         if problem:
             problems.append(problem)
     return problems
@@ -104,8 +90,17 @@ def cmd_check(project: Project, args) -> int:
         and (prs is None or all((u.patches_dir / n).is_file() for pr in prs_of(prs, u) for n in pr.patches))
     ]
     with tempfile.TemporaryDirectory(prefix="fork-check-") as tmp:
+        # A PR is tested against the released versions of the other upstreams (a transformers PR against stock
+        # accelerate, not against our accelerate fork, whose fix could hide the bug the PR fixes).
+        stock = {}
+        if args.tests and prs is not None:
+            for upstream in project.upstreams.values():
+                dest = Path(tmp) / f"stock-{upstream.name}"
+                create_pristine(upstream, obtain_sdist(project, upstream), dest)
+                stock[upstream.name] = dest / "src"
         for upstream in buildable:
-            problems += check_upstream(project, upstream, prs, Path(tmp), args)
+            others = [path for name, path in stock.items() if name != upstream.name]
+            problems += check_upstream(project, upstream, prs, Path(tmp), args, others)
     for problem in problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if problems:
@@ -114,7 +109,7 @@ def cmd_check(project: Project, args) -> int:
         names = [pr.name for pr in prs_of(prs, upstream)]
         print(
             f"OK: {upstream.label}: {len(read_series(upstream))} patch(es) in {len(names)} PR(s) "
-            f"({', '.join(names) or 'none'}) apply level by level and are exported"
+            f"({', '.join(names) or 'none'}) apply one after the other and each on its own level, and are exported"
             + ("; each PR's tests pass at its level" if args.tests and names else "")
         )
     return 0
@@ -204,12 +199,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     export.add_argument("--force", action="store_true", help="overwrite repository files with uncommitted changes")
     check = sub.add_parser("check", parents=[common], help="verify the stack: levels apply, exported, tests pass")
     check.add_argument("--tests", action="store_true", help="run each PR's own tests at its level")
-    check.add_argument(
-        "--skip-repo-tests-at-top",
-        action="store_true",
-        help="at the top level of an upstream (the installed fork) leave out the tests the repository's own "
-        "`pytest tests` runs (make test does both)",
-    )
     check.add_argument("--pytest-args", default="", help="extra pytest arguments for the level tests, e.g. '-n auto'")
     pr = sub.add_parser("pr", parents=[common], help="write one folder per PR of the stack to dist/")
     pr.add_argument("--out", help="output folder (default: REPO/dist)")

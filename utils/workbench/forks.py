@@ -33,7 +33,7 @@ from .series import (
     unexported_changes,
 )
 from .sources import BASE_REF, FORK_BRANCH, create_pristine, obtain_sdist
-from .stack import below, load_stack, prs_of, stack_problems
+from .stack import dependencies, load_stack, prs_of, stack_problems
 
 
 TOOL_VERSION = "2"
@@ -279,7 +279,7 @@ def build_clone(project: Project, args) -> int:
         target = matches[0]
     else:
         target = own[-1]
-    levels = [*below(prs, target), target]
+    levels = [*dependencies(prs, target), target]
     if am_in_progress(clone):
         raise ForkError(f"a `git am` is in progress in {clone}; finish or abort it first")
     dirty = dirty_paths(clone)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
-from .stack import PR, build_levels, changed_files, doc_pages, level_ref, prs_of
+from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
 
 
 MARKER = ".workbench-pr"
@@ -34,8 +34,8 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
         "# The PR stack, in review order (bottom first)",
         "",
         f"Authored by {name} <{email}>. Each folder holds a `git am` series for its upstream at the given level",
-        "(the pinned sdist, `git init`ed and committed, plus the series of the PRs listed before it in the same",
-        "upstream) and the PR's description.",
+        "(the pinned sdist, `git init`ed and committed, plus the series of the PRs it depends on, if any) and the",
+        "PR's description.",
         "",
     ]
     with tempfile.TemporaryDirectory(prefix="fork-pr-") as tmp:
@@ -44,11 +44,10 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
             if not own:
                 continue
             repo = build_levels(project, upstream, prs, Path(tmp) / upstream.name, env=env, reset_author=True)
-            previous = None
             for pr in own:
                 folder = staging / pr.folder
                 folder.mkdir()
-                start, end = level_ref(prs, previous), level_ref(prs, pr)
+                start, end = DEPS_TAG + pr.name, level_ref(prs, pr)
                 git(
                     repo,
                     "format-patch",
@@ -65,7 +64,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                 text = (project.root / pr.description).read_text(encoding="utf-8")
                 (folder / "PR_DESCRIPTION.md").write_text(text.rstrip() + "\n", encoding="utf-8")
                 added, modified = changed_files(repo, start, end)
-                below = [p.folder for p in own[: own.index(pr)]]
+                below = [p.folder for p in dependencies(prs, pr)]
                 summary += [
                     f"## {pr.folder}: {pr.title}",
                     "",
@@ -76,7 +75,6 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     f"- tests: {', '.join(pr.tests)}",
                     "",
                 ]
-                previous = pr
     toc = toctree_entries(project, prs)
     if toc:
         summary += ["## Doc pages to add to `_toctree.yml` by hand", "", "```", *toc, "```", ""]

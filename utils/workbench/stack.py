@@ -1,9 +1,12 @@
 """The PR stack: ``patches/stack.json`` lists the PRs in review order (bottom first), each in one upstream.
 
-A PR owns overlay files and patches of its upstream. Its *level* is the pristine sdist plus the PRs below it in the
-same upstream plus itself: overlay files committed first, then its patches with ``git am``. ``check`` builds every
-level in a scratch repository (one per upstream, one tag ``level/<name>`` per PR) and runs each PR's own tests at its
-level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the editable fork, is imported.
+A PR owns overlay files and patches of its upstream. Its *level* is the pristine sdist plus the PRs it depends on
+(``depends_on``, directly or through others) plus itself: each PR's overlay files committed first, then its patches
+with ``git am``. A PR that depends on nothing stands alone on the pristine base. The fork holds every PR, in stack
+order, so the series must also apply one PR after the other. ``check`` builds both in a scratch repository (one per
+upstream: the whole stack at HEAD, one tag ``level/<name>`` per PR, ``deps/<name>`` for its dependencies alone) and runs
+each PR's own tests at its level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the
+editable fork, is imported.
 """
 
 import os
@@ -22,8 +25,11 @@ from .series import apply_patches, read_series
 from .sources import BASE_REF, create_pristine, obtain_sdist
 
 
+# The workbench's pytest plugins (``pytest_global_state``) live in ``utils/``.
+UTILS = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 LEVEL_TAG = "level/"
+DEPS_TAG = "deps/"
 
 
 @dataclass
@@ -100,14 +106,13 @@ def prs_of(prs: list[PR], upstream: Upstream) -> list[PR]:
 
 
 def below(prs: list[PR], pr: PR) -> list[PR]:
-    """The PRs under ``pr`` in its own upstream (its level is the base plus these plus itself)."""
+    """The PRs under ``pr`` in its own upstream, in the stack (the fork holds them under it)."""
     own = [p for p in prs if p.upstream == pr.upstream]
     return own[: own.index(pr)]
 
 
 def level_label(upstream: Upstream, prs: list[PR], pr: PR) -> str:
-    lower = below(prs, pr)
-    return f"{upstream.label}" + "".join(f" + {p.name}" for p in lower) + f" + {pr.name}"
+    return f"{upstream.label}" + "".join(f" + {p.name}" for p in [*dependencies(prs, pr), pr])
 
 
 def stack_problems(project: Project, prs: list[PR]) -> list[str]:
@@ -186,34 +191,58 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
 
 
 class LevelConflict(ForkError):
-    """A PR's series does not apply at its level."""
+    """A PR's series does not apply at its level (``level`` is that PR), or on the PRs below it in the stack."""
 
-    def __init__(self, project: Project, upstream: Upstream, prs: list[PR], pr: PR, err: PatchConflict):
+    def __init__(self, project: Project, upstream: Upstream, prs: list[PR], pr: PR, err: PatchConflict, level=None):
         self.pr, self.conflict = pr, err
         files = f" (failed: {', '.join(err.files)})" if err.files else ""
+        where = (
+            f"at the level of PR {level.name}, {level_label(upstream, prs, level)}"
+            if level is not None
+            else f"on the PRs below it in {project.rel(project.stack_path)}, "
+            + " + ".join([upstream.label, *(p.name for p in below(prs, pr))])
+        )
+        fix = (
+            "Make it apply on the pristine base plus its depends_on: edit in the fork (`build -3`) and export."
+            if level is not None
+            else "Rebase it on the PRs below it: edit in the fork (`build -3`), export, and check the stack order."
+        )
         super().__init__(
-            f"PR {pr.name}: patch {project.rel(upstream.patches_dir / err.patch)} does not apply at its level, "
-            f"{level_label(upstream, prs, pr)}{files}\n  git said:\n    "
-            + "\n    ".join(err.output.splitlines()[-8:])
-            + "\n  Rebase it on the PRs below it: edit in the fork (`build -3`), export, and check the stack order."
+            f"PR {pr.name}: patch {project.rel(upstream.patches_dir / err.patch)} does not apply {where}{files}\n"
+            "  git said:\n    " + "\n    ".join(err.output.splitlines()[-8:]) + f"\n  {fix}"
         )
 
 
 def build_levels(
     project: Project, upstream: Upstream, prs: list[PR], dest: Path, env: dict | None = None, reset_author=False
 ) -> Path:
-    """A scratch repository at ``dest``: the pristine sdist tagged ``upstream-base``, then each PR of ``upstream``
-    (its overlay files in one commit, then its patches), tagged ``level/<name>``. Raises LevelConflict."""
+    """A scratch repository at ``dest``: the pristine sdist tagged ``upstream-base``; at HEAD every PR of
+    ``upstream`` in stack order (its overlay files in one commit, then its patches), as the fork holds them; and for
+    each PR its level, the base plus its dependencies (tag ``deps/<name>``) plus itself (tag ``level/<name>``).
+    Raises LevelConflict."""
     create_pristine(upstream, obtain_sdist(project, upstream), dest)
     overlay = read_overlay(upstream)
-    for pr in prs_of(prs, upstream):
-        files = {rel: overlay[rel] for rel in pr.overlay if rel in overlay}
-        add_overlay(dest, files, pr.commit_message(), env=env)
+
+    def add(pr: PR, level: PR | None):
+        add_overlay(dest, {rel: overlay[rel] for rel in pr.overlay if rel in overlay}, pr.commit_message(), env=env)
         try:
             apply_patches(upstream, dest, pr.patches, env=env, reset_author=reset_author)
         except PatchConflict as err:
-            raise LevelConflict(project, upstream, prs, pr, err) from None
+            git(dest, "am", "--abort", check=False)
+            raise LevelConflict(project, upstream, prs, pr, err, level) from None
+
+    own = prs_of(prs, upstream)
+    for pr in own:
+        add(pr, None)
+    stack = git(dest, "rev-parse", "HEAD").stdout.decode().strip()
+    for pr in own:
+        git(dest, "checkout", "-q", "--detach", BASE_REF)
+        for dep in dependencies(prs, pr):
+            add(dep, pr)
+        git(dest, "tag", DEPS_TAG + pr.name)
+        add(pr, pr)
         git(dest, "tag", LEVEL_TAG + pr.name)
+    git(dest, "checkout", "-q", "--detach", stack)
     return dest
 
 
@@ -227,32 +256,6 @@ def dependencies(prs: list[PR], pr: PR) -> list[PR]:
             needed.add(name)
             todo += by_name[name].depends_on
     return [p for p in below(prs, pr) if p.name in needed]
-
-
-def independence_problems(project: Project, upstream: Upstream, repo: Path, prs: list[PR]) -> list[str]:
-    """A PR that depends on fewer PRs than lie below it must apply on the pristine base plus only those: check it
-    in ``repo`` (a ``build_levels`` repository; its HEAD is moved)."""
-    problems = []
-    overlay = read_overlay(upstream)
-    for pr in prs_of(prs, upstream):
-        needed = dependencies(prs, pr)
-        if len(needed) == len(below(prs, pr)):
-            continue
-        git(repo, "checkout", "-q", "--detach", BASE_REF)
-        try:
-            for p in [*needed, pr]:
-                add_overlay(repo, {rel: overlay[rel] for rel in p.overlay if rel in overlay}, p.commit_message())
-                apply_patches(upstream, repo, p.patches)
-        except PatchConflict as err:
-            git(repo, "am", "--abort", check=False)
-            missing = [p.name for p in below(prs, pr) if p not in needed]
-            problems.append(
-                f"PR {pr.name}: patch {project.rel(upstream.patches_dir / err.patch)} does not apply on "
-                f"{upstream.label}" + "".join(f" + {p.name}" for p in needed) + f" alone: it needs "
-                f"{' or '.join(missing)} below it. Add that to its depends_on in {project.rel(project.stack_path)}, "
-                "or rebase it onto the pristine base."
-            )
-    return problems
 
 
 def level_ref(prs: list[PR], pr: PR | None) -> str:
@@ -287,8 +290,10 @@ def run_level_tests(
     tests: list[str],
     scratch: Path,
     pytest_args: list[str],
+    stock: list[Path] = (),
 ) -> str | None:
-    """Run ``tests`` (node ids relative to the upstream root) at ``pr``'s level; return a problem or None."""
+    """Run ``tests`` (node ids relative to the upstream root) at ``pr``'s level, with the source folders ``stock``
+    (the released other upstreams) next on the path; return a problem or None."""
     checkout = scratch / f"level-{pr.name}"
     git(repo, "worktree", "add", "-q", "--detach", str(checkout), level_ref(prs, pr))
     guard = scratch / "guard"
@@ -297,14 +302,21 @@ def run_level_tests(
     src = checkout / "src"
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(src), str(guard)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        PYTHONPATH=os.pathsep.join(
+            [str(src), *map(str, stock), str(guard), str(UTILS)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        ),
         WORKBENCH_LEVEL_PACKAGE=upstream.module,
         WORKBENCH_LEVEL_SRC=str(src),
     )
     python = project.venv / "bin" / "python"
-    cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "no:cacheprovider", *pytest_args, *tests]
+    cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "pytest_global_state"]
+    cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
-    print(f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}): pytest {' '.join(tests)}", flush=True)
+    with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
+    print(
+        f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}{with_stock}): pytest {' '.join(tests)}",
+        flush=True,
+    )
     started = time.monotonic()
     try:  # stream the output where there is a real terminal or log file, else (captured) print it afterwards
         sys.stdout.fileno()

@@ -1,21 +1,10 @@
-# Copyright 2026 The HuggingFace Team. All rights reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
 """
-Exact resume of fp16 mixed precision training with two processes (DDP over gloo, on CPU).
+Exact resume of fp16 mixed precision training with two processes (DDP over gloo, on CPU), with the patched forks.
+
+A test of the project, not of a PR: it needs `torchrun` launches (tens of seconds each) and DeepSpeed.
 
 The tests launch this file with `torchrun` (see the `__main__` block at the end). Each process trains the tiny GPT-2 of
-`test_trainer_resume_fp16.py` with real fp16 autocast and a CPU `GradScaler`, and saves what it ended with; the tests
+`tests/trainer/test_trainer_resume_fp16.py` with real fp16 autocast and a CPU `GradScaler`, and saves what it ended with; the tests
 compare those files bit for bit. Starting two processes costs far more than training, so one launch runs every scenario
 in sequence.
 """
@@ -28,19 +17,12 @@ import subprocess
 import sys
 import time
 import unittest
-from unittest import mock
 
 import torch
 import torch.distributed as dist
-from parameterized import parameterized
 
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port, require_deepspeed, slow
-from transformers.trainer_loss_scale_distributed import (
-    check_loss_scale_matches_across_processes,
-    deepspeed_loss_scale_log_values,
-)
-from transformers.trainer_skipped_updates import get_num_skipped_updates
 from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
 
 
@@ -49,9 +31,9 @@ from transformers.trainer_utils import enable_full_determinism, get_last_checkpo
 OVERFLOW_STEPS = (4, 5, 6)
 MAX_STEPS = 12
 RESUME_STEP = 5
-LOGGED_FIELDS = ("loss", "grad_norm", "learning_rate", "loss_scale", "num_skipped_updates")
+LOGGED_FIELDS = ("loss", "grad_norm", "learning_rate", "loss_scale")
 PARITY_SCENARIOS = [(optim, accumulation) for optim in ("adamw_torch", "adamw_torch_fused") for accumulation in (1, 2)]
-# The harness's determinism settings (`transformers.testing_isolation`), for every process of a launch.
+# The determinism settings of the single-process parity tests, for every process of a launch.
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
 LAUNCH_TIMEOUT = 300
 # The same loss scale schedule as the `GradScaler` of the other tests: 2**10 at first, doubled after 3 updates without
@@ -92,7 +74,9 @@ def require_deepspeed_fp16(test_case):
 
     @functools.wraps(test_case)
     def wrapper(self, *args, **kwargs):
-        probe = "from deepspeed.accelerator import get_accelerator as a; print(a().device_name(), a().is_fp16_supported())"
+        probe = (
+            "from deepspeed.accelerator import get_accelerator as a; print(a().device_name(), a().is_fp16_supported())"
+        )
         result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             self.fail(f"DeepSpeed's accelerator could not be queried:\n{result.stderr[-2000:]}")
@@ -221,7 +205,6 @@ def training_summary(trainer):
             if "loss" in entry
         },
         "global_step": trainer.state.global_step,
-        "num_skipped_updates": get_num_skipped_updates(trainer.state),
         "injected_overflow_steps": overflow_callback.injected_steps,
         "model": trainer.model.state_dict(),
         "scheduler": trainer.lr_scheduler.state_dict(),
@@ -334,9 +317,7 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 # The scenario exercises the loss scale on both processes: the same three updates were skipped.
                 for summary in uninterrupted:
                     self.assertEqual(summary.pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
-                    self.assertEqual(summary["num_skipped_updates"], len(OVERFLOW_STEPS))
-                    scales = [entry["loss_scale"] for entry in summary["logs"].values()]
-                    self.assertGreater(max(scales), scales[0])
+                    assert_skipped_at_overflows(self, summary["logs"])
                 # Both processes hold the same model, optimizer, scheduler and scaler, and logged the same steps.
                 assert_exactly_equal(uninterrupted[1], uninterrupted[0], f"{name}: process 1 differs from process 0")
                 for rank in (0, 1):
@@ -358,7 +339,7 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
             self.assertEqual(one_process[0].pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
             self.assertEqual(one_process[1].pop("injected_overflow_steps"), [])
             for rank in (0, 1):
-                self.assertEqual(one_process[rank]["num_skipped_updates"], len(OVERFLOW_STEPS))
+                assert_skipped_at_overflows(self, one_process[rank]["logs"])
                 assert_exactly_equal(one_process[rank], baseline[rank], f"process {rank} with one overflowing process")
 
         with self.subTest("resume after a process was killed"):
@@ -381,23 +362,13 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 for summary in resumed:
                     self.assertIn("Attempted step but _scale is None", summary["error"])
                 self.skipTest(
-                    "this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced); the fix is "
-                    "patches/accelerate/fsdp2_keep_the_gradscaler_out_of_the_optimizer_state_dict_apis.patch"
+                    "this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced; "
+                    "fixed by the open accelerate#4290 and #4291)"
                 )
             for rank in (0, 1):
                 expected = {**uninterrupted[rank], "logs": {}}
                 expected["logs"] = {s: e for s, e in uninterrupted[rank]["logs"].items() if s > RESUME_STEP}
                 assert_exactly_equal(resumed[rank], expected, f"FSDP2 resumed run of process {rank} differs")
-
-        with self.subTest("processes restore different loss scales"):
-            for rank in (0, 1):
-                error = self.load_summary(output_dir, "different-scaler-files", rank)
-                self.assertEqual(error["type"], "ValueError", error["message"])
-                self.assertIn("The processes restored different loss scaler states", error["message"])
-                self.assertIn(
-                    "process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3", error["message"]
-                )
-                self.assertIn("process 1: scale 2048, growth_factor 2", error["message"])
 
     @require_deepspeed
     @require_deepspeed_fp16
@@ -409,14 +380,12 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
         resumed = [self.load_summary(output_dir, "deepspeed-resumed", rank) for rank in (0, 1)]
         for summary in uninterrupted:
             self.assertEqual(summary.pop("injected_overflow_steps"), list(OVERFLOW_STEPS))
-            # DeepSpeed's loss scaler skipped the overflowing updates; the Trainer counted them and logs its scale.
+            # DeepSpeed's loss scaler skipped the overflowing updates, and the Trainer logs its scale.
             self.assertEqual(summary["skipped_steps"], len(OVERFLOW_STEPS))
-            self.assertEqual(summary["num_skipped_updates"], len(OVERFLOW_STEPS))
             logs = summary["logs"]
             self.assertEqual(logs[1]["loss_scale"], 2.0**10)
             for step in OVERFLOW_STEPS:
                 self.assertEqual(logs[step]["loss_scale"], logs[step - 1]["loss_scale"] / 2)
-            self.assertEqual([logs[step]["num_skipped_updates"] for step in OVERFLOW_STEPS], [1, 2, 3])
         assert_exactly_equal(uninterrupted[1], uninterrupted[0], "DeepSpeed: process 1 differs from process 0")
         for rank in (0, 1):
             self.assertEqual(resumed[rank].pop("injected_overflow_steps"), [RESUME_STEP + 1])
@@ -424,52 +393,24 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 resumed[rank], uninterrupted[rank], f"DeepSpeed: resumed run of process {rank} differs"
             )
 
+    def test_invalid_scaler_file_on_one_process_stops_every_process(self):
+        # Each process resumes from its own copy of the checkpoint, as on nodes without shared storage; the copy of
+        # the second process has a corrupt scaler.pt. That process raises before training, the other one would wait
+        # for it in the first collective: torchrun stops it, nothing hangs.
+        output_dir = self.get_auto_remove_tmp_dir()
+        started = time.monotonic()
+        returncode, output = self.launch("invalid-scaler", output_dir)
+        self.assertNotEqual(returncode, 0, output)
+        self.assertIn("Cannot resume the fp16 loss scaler from", output)
+        self.assertIn(os.path.join("checkpoint-copy-1", f"checkpoint-{RESUME_STEP}", "scaler.pt"), output)
+        self.assertLess(time.monotonic() - started, LAUNCH_TIMEOUT)
 
-class LossScaleDistributedHelpersTest(unittest.TestCase):
-    """The helpers of `trainer_loss_scale_distributed` in one process, without DeepSpeed installed."""
 
-    def test_consistency_check_needs_no_collective_in_one_process(self):
-        accelerator = mock.Mock(num_processes=1, scaler=torch.amp.GradScaler("cpu"))
-        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
-        accelerator.gather.assert_not_called()
-
-    @parameterized.expand([("no_scaler", None), ("disabled_scaler", torch.amp.GradScaler("cpu", enabled=False))])
-    def test_consistency_check_without_loss_scaling(self, _, scaler):
-        accelerator = mock.Mock(num_processes=2, scaler=scaler)
-        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
-        accelerator.gather.assert_not_called()
-
-    def test_consistency_check_error_names_every_process(self):
-        scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=3)
-        gathered = torch.tensor([[512.0, 2.0, 0.5, 3.0, 0.0], [2048.0, 2.0, 0.5, 3.0, 1.0]])
-        accelerator = mock.Mock(num_processes=2, scaler=scaler, device=torch.device("cpu"))
-        accelerator.gather.return_value = gathered
-        with self.assertRaises(ValueError) as context:
-            check_loss_scale_matches_across_processes(accelerator, os.path.join("run", "checkpoint-5"))
-        message = str(context.exception)
-        self.assertIn(
-            "(process 0: scale 512, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 0; "
-            "process 1: scale 2048, growth_factor 2, backoff_factor 0.5, growth_interval 3, growth_tracker 1)",
-            message,
-        )
-        self.assertIn(f"this process read {os.path.join('run', 'checkpoint-5', 'scaler.pt')}", message)
-        # What this process contributed to the all-gather: its own restored state.
-        (local,) = accelerator.gather.call_args.args
-        self.assertEqual(local.tolist(), [[512.0, 2.0, 0.5, 3.0, 0.0]])
-        accelerator.gather.return_value = gathered[[0, 0]]
-        check_loss_scale_matches_across_processes(accelerator, "checkpoint-5")
-
-    def test_deepspeed_loss_scale_log_values(self):
-        state = TrainerState(
-            stateful_callbacks={"SkippedUpdatesMonitor": {"args": {}, "attributes": {"num_skipped_updates": 3}}}
-        )
-        fp16_engine = mock.Mock(fp16_enabled=lambda: True, optimizer=mock.Mock(loss_scale=256.0))
-        self.assertEqual(
-            deepspeed_loss_scale_log_values(fp16_engine, state), {"loss_scale": 256.0, "num_skipped_updates": 3}
-        )
-        bf16_engine = mock.Mock(fp16_enabled=lambda: False, optimizer=mock.Mock(loss_scale=1.0))
-        self.assertEqual(deepspeed_loss_scale_log_values(bf16_engine, state), {})
-        self.assertEqual(deepspeed_loss_scale_log_values(torch.nn.Linear(2, 2), state), {})
+def assert_skipped_at_overflows(test, logs):
+    """The loss scale halved at each injected overflow: the scaler skipped those updates."""
+    for step in OVERFLOW_STEPS:
+        test.assertEqual(logs[step]["loss_scale"], logs[step - 1]["loss_scale"] / 2)
+    test.assertGreater(max(entry["loss_scale"] for entry in logs.values()), logs[1]["loss_scale"])
 
 
 def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
@@ -600,22 +541,22 @@ def run_parity_scenarios(output_dir, killed_dir):
     save_summary(output_dir, "fsdp2-uninterrupted", train_fsdp2(fsdp2_dir))
     save_summary(output_dir, "fsdp2-resumed", train_fsdp2(fsdp2_dir, resume=True))
 
-    # Each process resumes from its own copy of the checkpoint, as on nodes without shared storage, and the copy of
-    # the second process holds the loss scaler state of another step.
-    source = os.path.join(output_dir, "adamw_torch-1")
-    copy = os.path.join(output_dir, f"different-scaler-files-{rank}")
-    if rank == 0:
-        for i in (0, 1):
-            shutil.copytree(os.path.join(source, f"checkpoint-{RESUME_STEP}"), copy[:-1] + str(i))
-        shutil.copy(os.path.join(source, "checkpoint-3", "scaler.pt"), copy[:-1] + "1")
+
+def run_invalid_scaler_scenario(output_dir):
+    rank = int(os.environ["RANK"])
+    trainer = get_fp16_trainer(os.path.join(output_dir, "run"))
+    trainer.train()
+    copy = os.path.join(output_dir, f"checkpoint-copy-{rank}")
+    shutil.copytree(
+        os.path.join(output_dir, "run", f"checkpoint-{RESUME_STEP}"), os.path.join(copy, f"checkpoint-{RESUME_STEP}")
+    )
+    if rank == 1:
+        with open(os.path.join(copy, f"checkpoint-{RESUME_STEP}", "scaler.pt"), "wb") as f:
+            f.write(b"not a torch file")
     dist.barrier()
-    trainer = get_fp16_trainer(os.path.join(output_dir, "different-scaler-files"))
-    try:
-        trainer.train(resume_from_checkpoint=copy)
-        summary = {"type": None, "message": "resumed without error", "model": trainer.model.state_dict()}
-    except Exception as error:
-        summary = {"type": type(error).__name__, "message": str(error)}
-    save_summary(output_dir, "different-scaler-files", summary)
+    get_fp16_trainer(os.path.join(output_dir, "resumed")).train(
+        resume_from_checkpoint=os.path.join(copy, f"checkpoint-{RESUME_STEP}")
+    )
 
 
 def run_deepspeed_scenario(output_dir):
@@ -630,8 +571,8 @@ def run_deepspeed_scenario(output_dir):
 
 if __name__ == "__main__":
     # Run by the tests above, in each process of a launch:
-    #   python -m torch.distributed.run --nproc_per_node=2 tests/trainer/test_trainer_resume_fp16_distributed.py \
-    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR}
+    #   python -m torch.distributed.run --nproc_per_node=2 tests/workbench/test_distributed_resume.py \
+    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR | invalid-scaler OUTPUT_DIR}
     mode, output_dirs = sys.argv[1:]
     output_dir, *other_dirs = output_dirs.split(os.pathsep)
     with open(os.path.join(output_dir, f"pid-{os.environ['RANK']}"), "w", encoding="utf-8") as f:
@@ -642,6 +583,8 @@ if __name__ == "__main__":
         run_killed_training(output_dir)
     elif mode == "deepspeed":
         run_deepspeed_scenario(output_dir)
+    elif mode == "invalid-scaler":
+        run_invalid_scaler_scenario(output_dir)
     else:
         run_parity_scenarios(output_dir, *other_dirs)
     print(f"process {os.environ['RANK']}: {mode} scenarios ran in {time.perf_counter() - start:.1f}s")

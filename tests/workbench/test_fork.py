@@ -382,7 +382,10 @@ def test_check_catches_a_patch_that_does_not_apply(project, capsys):
     patch.write_text(patch.read_text(encoding="utf-8").replace(" line 19\n", " line nineteen\n"), encoding="utf-8")
     assert run(project, "check") == 1
     err = capsys.readouterr().err
-    assert f"PR {PR1}: patch patches/transformers/{patch.name} does not apply at its level, fakepkg 1.0 + {PR1}" in err
+    assert (
+        f"PR {PR1}: patch patches/transformers/{patch.name} does not apply on the PRs below it in patches/stack.json, "
+        "fakepkg 1.0 (failed" in err
+    )
     assert "(failed: src/transformers/trainer.py)" in err
     assert sh(fork_dir(project), "git", "status", "--porcelain") == "", "check never touches the fork"
 
@@ -488,7 +491,7 @@ def make_stack(root: Path) -> dict[str, Path]:
     return {PR1: patch1, "trainer-logging": root / "patches/transformers" / series[1], "accelerate-skips": acc_patch}
 
 
-def test_pr_writes_one_folder_per_pr_that_applies_level_by_level(project, tmp_path, capsys):
+def test_pr_writes_one_folder_per_pr_that_applies_at_its_level(project, tmp_path, capsys):
     make_stack(project)
     out = tmp_path / "dist"
     capsys.readouterr()
@@ -502,7 +505,7 @@ def test_pr_writes_one_folder_per_pr_that_applies_level_by_level(project, tmp_pa
     assert "  - local: loss_scale\n    title: Loss scale on resume" in printed
     assert "_toctree.yml" in (out / "README.md").read_text(encoding="utf-8")
 
-    # Each series applies with git am onto its pristine base plus the PRs below it, authored by the contributor
+    # Each series applies with git am onto its pristine base plus the PRs it depends on, authored by the contributor
     cache = project / "build/cache"
     trans = pristine_checkout(tmp_path, cache / "fakepkg-1.0.tar.gz", "transformers")
     for folder in folders[1:]:
@@ -540,7 +543,7 @@ def test_pr_needs_the_contributor_identity_and_leaves_dist_alone(project, tmp_pa
     acc_patch.write_text(acc_patch.read_text(encoding="utf-8").replace(" step 9\n", " step nine\n"), encoding="utf-8")
     assert run(project, "pr", "--out", str(out)) == 1
     err = capsys.readouterr().err
-    assert f"PR accelerate-skips: patch patches/accelerate/{acc_patch.name} does not apply at its level" in err
+    assert f"PR accelerate-skips: patch patches/accelerate/{acc_patch.name} does not apply on the PRs below it" in err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dist")] == []
     acc_patch.write_text(acc_patch.read_text(encoding="utf-8").replace(" step nine\n", " step 9\n"), encoding="utf-8")
@@ -564,20 +567,15 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     args = ["--venv", str(venv), "--tests", "--pytest-args=-q"]
     assert run(project, "check", *args) == 0
     out = capsys.readouterr().out
-    assert f"== PR {PR1} at its level (fakepkg 1.0 + {PR1})" in out
-    assert "== PR trainer-logging at its level (fakepkg 1.0 + trainer-loss-scale + trainer-logging)" in out
-    assert "== PR accelerate-skips at its level (fakeacc 1.0 + accelerate-skips)" in out
+    assert f"== PR {PR1} at its level (fakepkg 1.0 + {PR1}, stock accelerate)" in out
+    assert "== PR trainer-logging at its level (fakepkg 1.0 + trainer-loss-scale + trainer-logging, stock acc" in out
+    assert "== PR accelerate-skips at its level (fakeacc 1.0 + accelerate-skips, stock transformers)" in out
 
     # PR1's tests need PR2's change: they fail at PR1's level although they pass on the whole fork
     add_to_stack(project, PR1, tests=["tests/trainer/test_logging.py"])
     assert run(project, "check", *args) == 1
     err = capsys.readouterr().err
     assert f"FAIL: PR {PR1}: its tests failed (pytest exit status 4) at its level, fakepkg 1.0 + {PR1}" in err
-
-    # The repository's own test run covers the top transformers level's tests (make test)
-    capsys.readouterr()
-    assert run(project, "check", *args, "--skip-repo-tests-at-top") == 1
-    assert "its tests run in the repository's test run" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -612,8 +610,8 @@ def test_check_names_the_pr_and_file_of_a_bad_stack(project, tmp_path, capsys, p
     elif problem == "dependency":  # its patch needs PR1's change next to it, but it claims to need only accelerate
         logging["depends_on"] = ["accelerate-skips"]
         expected = (
-            f"PR trainer-logging: patch patches/transformers/{patches['trainer-logging'].name} does not apply on "
-            f"fakepkg 1.0 alone: it needs {PR1} below it. Add that to its depends_on"
+            f"PR trainer-logging: patch patches/transformers/{patches['trainer-logging'].name} does not apply at the "
+            "level of PR trainer-logging, fakepkg 1.0 + trainer-logging"
         )
     elif problem == "missing_description":
         logging["description"] = "docs/pr/nope.md"
