@@ -1,0 +1,486 @@
+"""One-GPU check: CUDA fp16 resume parity (bit-exact) and the per-step cost of Accelerate's fused-skip patch.
+
+    python3 bench/gpu_check.py --out DIR [--unpack CARRY] [--steps 300] [--repeats 2] [--timeout 280]
+
+Writes DIR/gpu_check.json and DIR/gpu_check.txt, both at the end and atomically (temp file + os.replace). Parts:
+
+- parity: `pytest -k accelerator tests/trainer/test_trainer_resume_fp16.py` of the transformers fork, with RUN_SLOW=1
+  and CUBLAS_WORKSPACE_CONFIG=:4096:8; the junit XML gives each test's outcome, duration and failure message (which
+  tensor differs, by how much).
+- fused_skip_cost: a ~2M-parameter MLP, `AdamW(fused=True)`, `Accelerator(mixed_precision="fp16")`; ms/step with and
+  without injected overflows, stock against patched Accelerate (separate processes, alternated), their ratio, the
+  host-device synchronisations per step (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in
+  reading `step_was_skipped`, and whether `step_was_skipped` saw the skipped updates (stock misses them).
+
+Every part runs in a child process whose PYTHONPATH starts with the forks' `src` (the stock run: the stock Accelerate
+only) and checks which files it imported. Without CUDA (no nvidia-smi, or torch without CUDA) the parts are recorded as
+skipped with the reason and the exit status is 0. Exit 1: a check failed or errored; 2: bad arguments.
+
+On the borrowed GPU machine (own Python 3.12, CUDA torch, stock accelerate and transformers, no network, 64 MiB
+carried), prepare here (build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
+
+    mkdir -p build/gpu_carry; t=build/transformers; a=build/accelerate; c=build/gpu_carry
+    rev=$(git -C $t stash create); git -C $t archive ${rev:-HEAD} src tests/trainer pyproject.toml | gzip >$c/transformers.tar.gz
+    rev=$(git -C $a stash create); git -C $a archive ${rev:-HEAD} src | gzip >$c/accelerate.tar.gz
+    git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # optional, else the preinstalled one
+    .venv/bin/python -m zipfile -c $c/parameterized.zip .venv/lib/python3.11/site-packages/parameterized
+
+and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT` with carry=["build/gpu_carry"] (about 10 MiB).
+`--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (pure-Python packages:
+parameterized, pytest and its dependencies if missing) into a temporary folder, which become the default sources.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+import zipfile
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = "GPU_CHECK_JSON:"
+PARITY_TEST = os.path.join("tests", "trainer", "test_trainer_resume_fp16.py")
+
+
+def _under(path, root):
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _run(cmd, env, timeout, cwd=None):
+    """Runs `cmd` in its own process group (killed as a whole on timeout); returns (rc or None, output)."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out = proc.communicate(timeout=max(timeout, 1))[0]
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return None, proc.communicate()[0]
+
+
+def _child(mode, cfg, pythonpath, timeout):
+    """Runs this file in `--child MODE` with exactly `pythonpath`; returns its JSON (or an error record)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+    rc, out = _run([sys.executable, os.path.abspath(__file__), "--child", mode, json.dumps(cfg)], env, timeout)
+    lines = [line for line in out.splitlines() if line.startswith(MARK)]
+    if rc is None:
+        return {"status": "error", "reason": f"timed out after {timeout:.0f} s", "output_tail": out[-2000:]}
+    if not lines:
+        return {"status": "error", "reason": f"child exited {rc} without a result", "output_tail": out[-2000:]}
+    return json.loads(lines[-1][len(MARK) :])
+
+
+def _package(name, expect_under=None, expect_file=None):
+    """Imports `name` (in a child) and checks where it came from; returns its record."""
+    try:
+        mod = __import__(name)
+    except Exception as e:  # a broken fork must be reported, not crash the child
+        return {"error": f"import {name} failed: {type(e).__name__}: {e}"}
+    rec = {"file": mod.__file__, "version": getattr(mod, "__version__", None)}
+    if (expect_under and not _under(mod.__file__, expect_under)) or (
+        expect_file and os.path.realpath(mod.__file__) != os.path.realpath(expect_file)
+    ):
+        rec["error"] = f"{name} imported from {mod.__file__}, expected {expect_file or expect_under}"
+    return rec
+
+
+def child_probe(cfg):
+    from importlib.util import find_spec
+
+    out = {"python": platform.python_version(), "executable": sys.executable}
+    if cfg.get("find_only"):  # where the interpreter finds the stock accelerate, without importing torch
+        spec = find_spec("accelerate")
+        return {**out, "accelerate": {"file": spec.origin} if spec else {"error": "accelerate not importable"}}
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out["torch"] = {"version": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": cuda}
+    if cuda:
+        out["torch"].update(gpu=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version())
+    out.update({name: _package(name, src) for name, src in cfg["expect"].items()})
+    out["have"] = {name: find_spec(name) is not None for name in ("pytest", "parameterized")}
+    return out
+
+
+def child_bench(cfg):
+    import contextlib
+    import warnings
+
+    import torch
+
+    out = {"accelerate": _package("accelerate", cfg.get("expect_under"), cfg.get("expect_file"))}
+    if "error" in out["accelerate"]:
+        return {**out, "status": "error", "reason": out["accelerate"]["error"]}
+    if not torch.cuda.is_available():
+        return {**out, "status": "skipped", "reason": "torch.cuda.is_available() is False in the child"}
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    dims = (512, 1024, 1024, 512)  # 2.1M parameters
+    layers = [torch.nn.Linear(a, b) for a, b in zip(dims, dims[1:])]
+    model = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2])
+    acc = Accelerator(mixed_precision="fp16")
+    model, opt = acc.prepare(model.to(acc.device), torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
+    x, y = torch.randn(64, 512, device=acc.device), torch.randn(64, 512, device=acc.device)
+    first, counts = layers[0].weight, None
+
+    @contextlib.contextmanager
+    def phase(name):  # counts the synchronising CUDA calls of one phase, in the counting pass only
+        if counts is None:
+            yield
+            return
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            yield
+        counts[name] = counts.get(name, 0) + sum("synchroniz" in str(w.message) for w in record)
+
+    def step(inject):
+        with phase("forward_backward"):
+            acc.backward(torch.nn.functional.mse_loss(model(x).float(), y))
+            if inject:
+                first.grad.view(-1)[0] = float("inf")
+        with phase("optimizer_step"):
+            opt.step()
+        with phase("step_was_skipped"):
+            skipped = opt.step_was_skipped
+        with phase("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        return skipped
+
+    res = {"status": "ok", "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "scenarios": {}}
+    # A scale growth every 3 updates balances a halving every 4th (injected overflow); without overflows no growth
+    # (hence no natural overflow) in the run. The scale restarts at 2**10 before each phase.
+    for name, every, growth in (("no_overflow", 0, 10**6), ("overflow_every_4", 4, 3)):
+        acc.scaler.set_growth_interval(growth)
+        inject = [bool(every) and i % every == every - 1 for i in range(max(cfg["steps"], 30))]
+        for i in range(30):
+            step(inject[i])
+        acc.scaler.update(new_scale=2.0**10)
+        counts = {}
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(16):
+                step(inject[i])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs, counts, truth, reported = {k: v / 16 for k, v in counts.items()}, None, [], []
+        acc.scaler.update(new_scale=2.0**10)
+        for i in range(16):
+            before = first.detach().clone()
+            reported.append(bool(step(inject[i])))
+            truth.append(torch.equal(first.detach(), before))
+        wall, gpu = [], []
+        for _ in range(3):
+            acc.scaler.update(new_scale=2.0**10)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            for i in range(cfg["steps"]):
+                step(inject[i])
+            end.record()
+            torch.cuda.synchronize()
+            wall.append(round((time.perf_counter() - t0) * 1e3 / cfg["steps"], 4))
+            gpu.append(round(start.elapsed_time(end) / cfg["steps"], 4))
+        res["scenarios"][name] = {
+            "ms_per_step_cuda_events": gpu,
+            "ms_per_step_wall": wall,
+            "syncs_per_step": syncs,
+            "skips": {"steps": 16, "injected": sum(inject[:16]), "truly_skipped": sum(truth)},
+            "reported_skipped": sum(reported),
+            "reported_matches_truth": reported == truth,
+        }
+    return {**out, **res}
+
+
+def _version_of(module_file):
+    init = os.path.join(os.path.dirname(module_file), "__init__.py")
+    with open(init, encoding="utf-8") as f:
+        m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def _patched(module_file):  # the fused-skip patch keeps the scaler's `found_inf` in `_found_inf`
+    with open(os.path.join(os.path.dirname(module_file), "optimizer.py"), encoding="utf-8") as f:
+        return "_found_inf" in f.read()
+
+
+def parse_junit(path):
+    """Per test of a pytest junit XML: outcome, duration and (failure/error/skip) message."""
+    tests = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        rec = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": "passed"}
+        rec["duration_s"] = round(float(case.get("time") or 0), 3)
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                rec["outcome"] = {"failure": "failed", "error": "error"}.get(tag, tag)
+                rec["message"] = (node.get("message") or "").strip()[:1000]
+                if tag != "skipped":
+                    rec["details_tail"] = (node.text or "")[-1500:]
+                break
+        tests.append(rec)
+    return tests
+
+
+def run_parity(root, pythonpath, timeout):
+    if not os.path.isfile(os.path.join(root, PARITY_TEST)):
+        return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}"}
+    tmp = tempfile.mkdtemp(prefix="gpu_check_junit_")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(pythonpath),
+        "RUN_SLOW": "1",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--junitxml={tmp}/junit.xml"]
+    try:
+        start = time.perf_counter()
+        rc, out = _run([*cmd, PARITY_TEST, "-k", "accelerator"], env, timeout, cwd=root)
+        res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
+        tests = parse_junit(f"{tmp}/junit.xml") if os.path.isfile(f"{tmp}/junit.xml") else []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    outcomes = {t["outcome"] for t in tests}
+    if rc is None:
+        res.update(status="error", reason=f"pytest timed out after {timeout:.0f} s")
+    elif outcomes & {"failed", "error"} or rc not in (0, 5):
+        res.update(status="failed", reason=f"pytest exited {rc}")
+    elif not tests or rc == 5:
+        res.update(status="no_tests", reason="no test matching 'accelerator' was collected")
+    elif outcomes == {"skipped"}:
+        res.update(status="skipped", reason="; ".join(sorted({t["message"] for t in tests})))
+    else:
+        res["status"] = "passed"
+    return {**res, "tests": tests}
+
+
+def run_bench(args, patched_src, stock, extra, deadline):
+    variants = {"patched": ([patched_src, *extra], {"expect_under": patched_src})}
+    if stock.get("same_as_patched"):
+        note = "stock and patched resolve to the same files: no stock run"
+    else:
+        path = [stock["src"], *extra] if stock.get("src") else extra
+        variants["stock"] = (path, {"expect_under": stock.get("src"), "expect_file": stock.get("file")})
+        note = None
+    runs = {name: [] for name in variants}
+    for r in range(args.repeats):
+        for name in sorted(variants, reverse=r % 2 == 1):  # patched, stock, stock, patched, ...
+            path, cfg = variants[name]
+            left = deadline - time.monotonic()
+            if left < 20:  # out of --timeout: what ran so far is reported
+                note = "; ".join(filter(None, [note, f"out of time after {r} of {args.repeats} repeats"]))
+                break
+            runs[name].append(_child("bench", {**cfg, "steps": args.steps}, path, min(left, 90)))
+    bad = [run for rs in runs.values() for run in rs if run.get("status") != "ok"]
+    if bad or not all(runs.values()):
+        bad = bad or [{"status": "error", "reason": "out of time (--timeout) before every variant ran"}]
+        return {"status": bad[0]["status"], "reason": bad[0].get("reason"), "note": note, "runs": runs}
+    res = {"status": "ok", "note": note, "steps": args.steps, "repeats": args.repeats, "scenarios": {}, "runs": runs}
+    for scen in runs["patched"][0]["scenarios"]:
+        summary = {}
+        for name, rs in runs.items():
+            per = [run["scenarios"][scen] for run in rs]
+            summary[name] = {
+                "ms_per_step": round(statistics.median(v for p in per for v in p["ms_per_step_cuda_events"]), 4),
+                "ms_per_step_wall": round(statistics.median(v for p in per for v in p["ms_per_step_wall"]), 4),
+                "syncs_per_step": per[0]["syncs_per_step"],
+                "skips": per[0]["skips"],
+                "reported_skipped": per[0]["reported_skipped"],
+                "reported_matches_truth": all(p["reported_matches_truth"] for p in per),
+            }
+        if "stock" in summary:
+            summary["ratio_patched_over_stock"] = round(
+                summary["patched"]["ms_per_step"] / summary["stock"]["ms_per_step"], 4
+            )
+        if not summary["patched"]["reported_matches_truth"]:
+            res.update(status="failed", reason=f"patched step_was_skipped missed skipped updates ({scen})")
+        res["scenarios"][scen] = summary
+    return res
+
+
+def unpack(carry, tmp):
+    found = {}
+    for name in ("transformers", "accelerate", "accelerate-stock"):
+        archive = os.path.join(carry, f"{name}.tar.gz")
+        if os.path.isfile(archive):
+            with tarfile.open(archive) as tar:
+                tar.extractall(os.path.join(tmp, name), filter="data")
+            found[name] = os.path.join(tmp, name, "src")
+    for wheel in sorted(glob.glob(os.path.join(carry, "*.whl")) + glob.glob(os.path.join(carry, "*.zip"))):
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(os.path.join(tmp, "site"))
+        found["site"] = os.path.join(tmp, "site")
+    return found
+
+
+def summary_lines(report):
+    m, pk = report["machine"], report["packages"]
+    t = m.get("torch", {})
+    lines = [
+        f"gpu_check {report['started']}  exit {report['exit_code']}  wall {report['wall_s']} s",
+        f"python {m.get('python')}  torch {t.get('version')} (CUDA build {t.get('cuda_build')})  GPU {t.get('gpu')}",
+        f"nvidia-smi: {m.get('nvidia_smi')}",
+    ]
+    for name in ("transformers", "accelerate", "stock_accelerate"):
+        p = pk.get(name, {})
+        lines.append(
+            f"{name}: {p.get('version')} from {p.get('file')}" + (f"  ERROR {p['error']}" if "error" in p else "")
+        )
+    if pk.get("stock_accelerate", {}).get("same_as_patched"):
+        lines.append("  stock and patched resolve to the same files: no stock comparison")
+    for part, res in report["parts"].items():
+        lines.append(f"{part}: {res['status']}" + "".join(f" - {res[k]}" for k in ("reason", "note") if res.get(k)))
+        for test in res.get("tests", []):
+            message = " | ".join(test.get("message", "").splitlines())
+            lines.append(f"  {test['outcome']:<7} {test['test']} ({test['duration_s']} s) {message}"[:400])
+        for scen, s in res.get("scenarios", {}).items():
+            line = f"  {scen}: ratio patched/stock {s.get('ratio_patched_over_stock')}"
+            for name in ("stock", "patched"):
+                if name in s:
+                    v, sy = s[name], s[name]["syncs_per_step"]
+                    line += (
+                        f"; {name} {v['ms_per_step']:.4f} ms/step, syncs step()/flag {sy['optimizer_step']:g}/"
+                        f"{sy['step_was_skipped']:g}, skips reported {v['reported_skipped']}/{v['skips']['truly_skipped']}"
+                    ) + ("" if v["reported_matches_truth"] else " MISSED" + (" (expected)" if name == "stock" else ""))
+            lines.append(line)
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="folder for gpu_check.json and gpu_check.txt (required)")
+    parser.add_argument("--unpack", metavar="CARRY", help="folder with transformers/accelerate[-stock].tar.gz, *.whl")
+    parser.add_argument("--transformers-src", help="default build/transformers/src")
+    parser.add_argument("--accelerate-src", help="default build/accelerate/src")
+    parser.add_argument("--stock-accelerate-src", help="default: the accelerate the interpreter imports by itself")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per scenario and repeat")
+    parser.add_argument("--repeats", type=int, default=2, help="processes per accelerate variant")
+    parser.add_argument("--timeout", type=float, default=280, help="total wall budget, seconds")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        try:
+            result = {"probe": child_probe, "bench": child_bench}[args.child[0]](json.loads(args.child[1]))
+        except Exception:  # reported to the parent as this part's error, with the traceback
+            result = {"status": "error", "reason": traceback.format_exc(limit=-3)[-1500:]}
+        print(MARK + json.dumps(result))
+        return 0
+    if not args.out:
+        parser.error("--out DIR is required")
+    if args.steps < 16 or args.repeats < 1 or args.timeout <= 0:
+        parser.error("--steps must be >= 16, --repeats >= 1, --timeout > 0")
+    args.out = existing = os.path.abspath(args.out)
+    while not os.path.exists(existing):  # the folder that --out would be created in
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        parser.error(f"--out {args.out}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f"--out {args.out}: {existing} is not writable")
+    if args.unpack and not os.path.isdir(args.unpack):
+        parser.error(f"--unpack {args.unpack} is not a folder")
+    tmp = tempfile.mkdtemp(prefix="gpu_check_")
+    try:
+        found = unpack(args.unpack, tmp) if args.unpack else {}
+        srcs = {
+            "transformers": args.transformers_src
+            or found.get("transformers")
+            or f"{REPO_ROOT}/build/transformers/src",
+            "accelerate": args.accelerate_src or found.get("accelerate") or f"{REPO_ROOT}/build/accelerate/src",
+            "stock_accelerate": args.stock_accelerate_src or found.get("accelerate-stock"),
+        }
+        for name, path in srcs.items():
+            if path and not os.path.isdir(path):
+                parser.error(f"{name} sources not found: {path} (see --unpack and the docstring)")
+        os.makedirs(args.out, exist_ok=True)
+        srcs = {k: v and os.path.abspath(v) for k, v in srcs.items()}
+        return check(args, srcs, [found["site"]] if "site" in found else [])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cuda_skip(smi, probe):
+    t = probe.get("torch") or {}
+    if probe.get("status") == "error":
+        return {"status": "error", "reason": f"probe: {probe['reason']}", "output_tail": probe.get("output_tail")}
+    if not smi:
+        return {"status": "skipped", "reason": "no NVIDIA GPU: nvidia-smi not found on PATH"}
+    if not t.get("cuda_build"):
+        return {"status": "skipped", "reason": f"torch {t.get('version')} is not a CUDA build"}
+    if not t.get("cuda_available"):
+        return {"status": "skipped", "reason": "torch.cuda.is_available() is False"}
+    return None
+
+
+def check(args, srcs, extra):
+    start, deadline = time.perf_counter(), time.monotonic() + args.timeout
+    tf_src, acc_src, stock_src = srcs["transformers"], srcs["accelerate"], srcs["stock_accelerate"]
+    report = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:]}
+    smi = shutil.which("nvidia-smi")
+    machine = report["machine"] = {"host": platform.node(), "nvidia_smi": "not found on PATH"}
+    if smi:
+        rc, text = _run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], None, 30)
+        machine["nvidia_smi"] = text.strip() if rc == 0 else f"exited {rc}: {text.strip()[:300]}"
+    expect = {"transformers": tf_src, "accelerate": acc_src}
+    probe = _child("probe", {"expect": expect}, [tf_src, acc_src, *extra], 120)
+    stock = _child("probe", {"find_only": True}, [stock_src, *extra] if stock_src else extra, 60)
+    machine.update({k: probe[k] for k in ("python", "executable", "torch", "have") if k in probe})
+    pk = report["packages"] = {name: probe.get(name, {}) for name in expect}
+    s = pk["stock_accelerate"] = dict(stock.get("accelerate") or {"error": stock.get("reason")}, src=stock_src)
+    if stock_src and "file" in s and not _under(s["file"], stock_src):
+        s["error"] = f"stock accelerate found at {s['file']}, not under {stock_src}"
+    for p in (pk["accelerate"], s):
+        if "file" in p:
+            p.update(version=p.get("version") or _version_of(p["file"]), has_fused_skip_patch=_patched(p["file"]))
+    if "file" in s and "file" in pk["accelerate"]:
+        s["same_as_patched"] = os.path.realpath(s["file"]) == os.path.realpath(pk["accelerate"]["file"])
+    skip, parts = _cuda_skip(smi, probe), report.setdefault("parts", {})
+    for part, needs in (("parity", ("transformers", "accelerate")), ("fused_skip_cost", ("accelerate",))):
+        errors = [f"{n}: {pk[n]['error']}" for n in needs if "error" in pk[n]]
+        if part == "parity" and not skip:
+            errors += [f"{n} not importable (carry its wheel)" for n, ok in machine["have"].items() if not ok]
+        if part == "fused_skip_cost" and "error" in s:
+            errors.append(f"stock accelerate: {s['error']}")
+        if skip or errors:
+            parts[part] = skip or {"status": "error", "reason": "; ".join(errors)}
+        elif part == "parity":
+            left = deadline - time.monotonic() - 60  # the rest is kept for the benchmark
+            parts[part] = run_parity(os.path.dirname(tf_src), [tf_src, acc_src, *extra], min(180, left))
+        else:
+            parts[part] = run_bench(args, acc_src, s, extra, deadline)
+    report["exit_code"] = int(any(p["status"] in ("failed", "error") for p in parts.values()))
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    text = "\n".join(summary_lines(report)) + "\n"
+    files = {"gpu_check.json": json.dumps(report, indent=2) + "\n", "gpu_check.txt": text}
+    try:  # both files at the end, each written whole to a temp file and renamed into place
+        for name, content in files.items():
+            with open(os.path.join(args.out, f".{name}.tmp"), "w", encoding="utf-8") as f:
+                f.write(content)
+        for name in files:
+            os.replace(os.path.join(args.out, f".{name}.tmp"), os.path.join(args.out, name))
+    finally:
+        for name in files:
+            if os.path.exists(os.path.join(args.out, f".{name}.tmp")):
+                os.remove(os.path.join(args.out, f".{name}.tmp"))
+    sys.stdout.write(text)
+    return report["exit_code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
