@@ -17,8 +17,8 @@ core of a 2-core machine), `OMP_NUM_THREADS=1`, without the `@slow` tests.
 
 Each repeat runs, back to back:
 
-- the reference, `python -c "import transformers.trainer"`: what every pytest worker and every test server pays before
-  anything else. Its time says how fast the machine was during that repeat (a shared machine varies by a third from
+- the reference, `python -c "import transformers.trainer"`: what every pytest worker and every fresh test process pays
+  before anything else. Its time says how fast the machine was during that repeat (a shared machine varies by a third from
   one minute to the next), so that repeats and runs can be compared;
 - the suite, `pytest -n 2 -q -p no:cacheprovider <files>` in the fork, with the CPU time the whole machine spent
   meanwhile (from `/proc/stat`: the suite is CPU-bound when wall × cores is close to it).
@@ -49,11 +49,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = (
-    "tests/trainer/test_testing_isolation.py",
-    "tests/trainer/test_trainer_scaler_checkpoint.py",
-    "tests/trainer/test_trainer_skipped_updates.py",
+    "tests/trainer/test_trainer_scaler_resume.py",
+    "tests/trainer/test_trainer_jit_checkpoint_signal.py",
+    "tests/trainer/test_trainer_fused_optimizer_skip.py",
+    "tests/trainer/test_trainer_loss_scale_logging.py",
     "tests/trainer/test_trainer_resume_fp16.py",
-    "tests/trainer/test_trainer_resume_fp16_distributed.py",
+    "tests/utils/test_run_test_using_subprocess.py",
 )
 
 

@@ -4,10 +4,10 @@
 test's set-up it takes a snapshot of the state that another test of the same pytest worker would inherit: torch's
 default dtype, deterministic-algorithm flags, cuDNN/TF32/matmul-precision flags, grad and anomaly modes, thread counts,
 the environment (``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the
-working directory, the log levels, the ``torch.backends`` modules and the threads alive. After the test's tear-down it
-takes another; any difference is an error of that test's tear-down, and the state is put back so that the next test
-starts clean. The snapshot reads only and imports nothing: torch's settings are compared when torch was imported
-before the test's set-up (test modules import it when they are collected).
+working directory, the log levels, the ``torch.backends`` modules and the non-daemon threads alive. After the test's
+tear-down it takes another; any difference is an error of that test's tear-down, and the state is put back so that the
+next test starts clean. The snapshot reads only and imports nothing: torch's settings are compared when torch was
+imported before the test's set-up (test modules import it when they are collected).
 """
 
 import logging
@@ -73,7 +73,8 @@ def snapshot() -> dict:
     loggers = ["", "transformers", "accelerate", "torch"]
     state["log levels"] = {name or "root": logging.getLogger(name).level for name in loggers}
     state["torch.backends modules"] = sorted(m for m in sys.modules if m.startswith("torch.backends"))
-    state["threads"] = sorted(t.name for t in threading.enumerate())
+    # Daemon threads (tqdm's monitor, ...) do not keep the process alive; the others do.
+    state["non-daemon threads"] = sorted(t.name for t in threading.enumerate() if not t.daemon)
     return state
 
 
@@ -83,6 +84,8 @@ def differences(before: dict, after: dict) -> list[str]:
         old, new = before[key], after.get(key)
         if old == new:
             continue
+        if key == "multiprocessing start method" and old is None and new == multiprocessing.get_all_start_methods()[0]:
+            continue  # asking for the start method fixes it to the platform's default: nothing changed
         if isinstance(old, dict):
             changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
             shown = ", ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in changed)

@@ -42,13 +42,7 @@ from transformers.testing_utils import (
 # `state.global_step`, which Trainer versions advance differently on skipped updates.
 OVERFLOW_ATTEMPTS = (4, 5, 6)
 RESUME_ATTEMPTS = {"inside_overflow_streak": 5, "before_scale_growth": 8, "after_scale_growth": 9}
-SCALER_STATE = {
-    "scale": 2.0**10,
-    "growth_factor": 2.0,
-    "backoff_factor": 0.5,
-    "growth_interval": 3,
-    "_growth_tracker": 0,
-}
+SCALER_SETTINGS = {"scale": 2.0**10, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3}
 # The loss scale after each of the first 9 attempts.
 EXPECTED_SCALES = [2.0**10, 2.0**10, 2.0**11, 2.0**10, 2.0**9, 2.0**8, 2.0**8, 2.0**8, 2.0**9]
 
@@ -128,8 +122,9 @@ def get_fp16_trainer(output_dir, optim="adamw_torch", gradient_accumulation_step
     if trainer.accelerator.scaler is None:  # CPU: Accelerate builds no scaler for fp16 there
         trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
         trainer.accelerator.native_amp = True
-    trainer.accelerator.scaler.load_state_dict(SCALER_STATE)
-    scenario = Fp16ScenarioCallback(trainer.accelerator.scaler, save_attempts, attempts)
+    scaler = trainer.accelerator.scaler
+    scaler.load_state_dict({**scaler.state_dict(), **SCALER_SETTINGS})
+    scenario = Fp16ScenarioCallback(scaler, save_attempts, attempts)
     trainer.add_callback(scenario)
     return trainer, scenario
 
@@ -220,7 +215,7 @@ class TrainerResumeFp16Test(TestCasePlus):
     @require_torch_accelerator
     @run_test_using_subprocess(deterministic=True, timeout=600)
     def test_resume_matches_uninterrupted_run_on_accelerator(self):
-        # Real fp16 on the device, with the `GradScaler` Accelerate builds for it (its state set from `SCALER_STATE`).
+        # Real fp16 on the device, with the `GradScaler` Accelerate builds for it (set to `SCALER_SETTINGS`).
         uninterrupted = self.train_uninterrupted("adamw_torch_fused", 1, RESUME_ATTEMPTS.values())
         for resume_point, attempt in RESUME_ATTEMPTS.items():
             with self.subTest(resume_point=resume_point):
