@@ -2,7 +2,8 @@
 
 Stock runs in a subprocess with `PYTHONPATH=<pristine src>`, extracted from the fork's `upstream-base` tag; the patched
 Trainer in a subprocess of the fork's editable install. Each run trains a tiny GPT-2 on CPU, in fp16 with a CPU
-`GradScaler` and one injected gradient overflow (so that the patched Trainer has a skipped update to save), or in bf16.
+`GradScaler` and one injected gradient overflow (so that the loss scale to save and restore is not the initial one), or
+in bf16. The patched Trainer adds nothing to `trainer_state.json` but `loss_scale` in its log entries.
 """
 
 import json
@@ -74,7 +75,8 @@ print("RESULT " + json.dumps({
     "transformers": transformers.__file__,
     "global_step": trainer.state.global_step,
     "scheduler_steps": trainer.lr_scheduler.last_epoch,
-    "num_skipped_updates": [entry.get("num_skipped_updates") for entry in logs],
+    "loss_scale": [entry.get("loss_scale") for entry in logs],
+    "final_scale": trainer.accelerator.scaler.get_scale() if precision == "fp16" else None,
 }))
 """
 
@@ -109,19 +111,27 @@ def train(variant, stock_src, output_dir, precision, resume_from=None):
     return result
 
 
+# The scale after the overflow at step 2 (initial 2**10, halved once, no growth within 5 steps).
+SCALE_AFTER_OVERFLOW = 2.0**9
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_patched_checkpoint_resumes_in_stock(tmp_path, stock_src, precision):
     patched = train("patched", stock_src, tmp_path / "patched", precision)
     checkpoint = tmp_path / "patched" / f"checkpoint-{SAVE_STEP}"
     state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
-    assert "num_skipped_updates" not in state  # stock's `TrainerState(**json)` would reject it
-    if precision == "fp16":
-        # The skipped update was counted and saved where stock loads and ignores it.
-        assert patched["num_skipped_updates"] == [0, 1, 1, 1, 1]
-        assert state["stateful_callbacks"]["SkippedUpdatesMonitor"]["attributes"] == {"num_skipped_updates": 1}
+    train("stock", stock_src, tmp_path / "stock-ref", precision)
+    stock_state = tmp_path / "stock-ref" / f"checkpoint-{SAVE_STEP}" / "trainer_state.json"
+    stock_state = json.loads(stock_state.read_text(encoding="utf-8"))
+    assert state.keys() == stock_state.keys()  # nothing stock's `TrainerState(**json)` would reject
     resumed = train("stock", stock_src, tmp_path / "stock", precision, resume_from=checkpoint)
     assert resumed["global_step"] == MAX_STEPS
-    assert resumed["num_skipped_updates"][SAVE_STEP:] == [None] * (MAX_STEPS - SAVE_STEP)
+    assert resumed["loss_scale"] == [None] * MAX_STEPS  # stock logs no loss scale, not even in the restored history
+    if precision == "fp16":
+        assert patched["loss_scale"] == [2.0**10] + [SCALE_AFTER_OVERFLOW] * (MAX_STEPS - 1)
+        assert resumed["final_scale"] == SCALE_AFTER_OVERFLOW  # stock restored the patched Trainer's scaler.pt
+    else:
+        assert patched["loss_scale"] == [None] * MAX_STEPS
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -130,8 +140,9 @@ def test_stock_checkpoint_resumes_in_patched(tmp_path, stock_src, precision):
     checkpoint = tmp_path / "stock" / f"checkpoint-{SAVE_STEP}"
     resumed = train("patched", stock_src, tmp_path / "patched", precision, resume_from=checkpoint)
     assert resumed["global_step"] == MAX_STEPS
+    after_resume = resumed["loss_scale"][SAVE_STEP:]
     if precision == "fp16":
-        # Stock saved no count: the patched Trainer counts from the resume on (no overflow after it).
-        assert resumed["num_skipped_updates"][SAVE_STEP:] == [0] * (MAX_STEPS - SAVE_STEP)
+        # The patched Trainer restored stock's scaler.pt and logs the scale from the resume on.
+        assert after_resume == [SCALE_AFTER_OVERFLOW] * (MAX_STEPS - SAVE_STEP)
     else:
-        assert resumed["num_skipped_updates"][SAVE_STEP:] == [None] * (MAX_STEPS - SAVE_STEP)
+        assert after_resume == [None] * (MAX_STEPS - SAVE_STEP)
