@@ -819,7 +819,7 @@ def print_report(report: dict, options) -> None:
         print(f"\n=== {number}. {scenario}: {entry['title']}")
         first_step = max(1, options.resume_step - 1) if scenario in RESUME_SCENARIOS + DDP_SCENARIOS else 1
         for variant, result in entry["variants"].items():
-            note = " (loss scale and skips observed by repro: this Trainer does not log them)"
+            note = " (fields this Trainer does not log, e.g. num_skipped_updates, are observed by repro)"
             print(f"\n{variant}{note if result['loss_scale_observed_by_repro'] else ''}:")
             if first_step > 1:
                 print(
