@@ -5,7 +5,7 @@
 #                  the PRs it depends on - applies with git am, everything is exported, and each PR's own tests pass
 #                  at its level against the other upstream's release), then all tests with the global-state plugin
 #                  (utils/pytest_global_state.py), then the PRs' tests again under upstream's pytest pins and plugins
-#                  (utils/upstream_pins.py), and the DeepSpeed fp16 resume test with upstream's deepspeed spec
+#                  (utils/upstream_pins.py), and the DeepSpeed fp16 tests with upstream's deepspeed spec
 #   make patches   export the forks' commits back into the overlays and patches/<upstream>/
 #   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
 #   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
@@ -46,7 +46,8 @@ test: fork
 	PYTHONPATH=utils $(VPY) -m pytest -p pytest_global_state $(PYTEST_ARGS) tests
 	$(VPY) utils/upstream_pins.py
 	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
-		-p no:cacheprovider --timeout 900 -k deepspeed tests/workbench/test_distributed_resume.py
+		-p no:cacheprovider --timeout 900 -rs -k deepspeed tests/workbench/test_distributed_resume.py \
+		tests/trainer/test_trainer_loss_scale_logging.py
 
 repro: fork
 	$(VPY) utils/repro.py

@@ -189,9 +189,17 @@ class TrainerResumeFp16Test(TestCasePlus):
                 with self.subTest(resume_point=resume_point, gradient_accumulation_steps=gradient_accumulation_steps):
                     resumed = self.resume(uninterrupted, optim, gradient_accumulation_steps, attempt)
                     assert_same_training(resumed, uninterrupted)
+        # Sensitivity: when the loss scale is not restored (#34053), the same comparison catches the divergence.
+        with mock.patch.object(Trainer, "_load_scaler"):
+            resumed = self.resume(
+                uninterrupted, optim, gradient_accumulation_steps, RESUME_ATTEMPTS["before_scale_growth"]
+            )
+        with self.assertRaisesRegex(AssertionError, r"loss scale after each attempt\[8\]\[1\]: 1024.0 != 256.0"):
+            assert_same_training(resumed, uninterrupted)
 
-    # One fresh process per optimizer; one uninterrupted run per gradient accumulation, shared by its resume points.
-    # The default optimizer runs in every CI run, the others in the slow runs.
+    # One fresh process per optimizer; one uninterrupted run per gradient accumulation, shared by its resume points and
+    # by the check that the comparison fails without the scaler restore. The default optimizer runs in every CI run,
+    # the others in the slow runs.
     @run_test_using_subprocess(deterministic=True, timeout=600)
     def test_resume_matches_uninterrupted_run(self):
         self.check_parity("adamw_torch_fused")
@@ -202,21 +210,9 @@ class TrainerResumeFp16Test(TestCasePlus):
     def test_resume_matches_uninterrupted_run_other_optimizers(self, optim):
         self.check_parity(optim)
 
-    @run_test_using_subprocess(deterministic=True, timeout=600)
-    def test_parity_check_fails_without_scaler_restore(self):
-        # Sensitivity: when the loss scale is not restored (#34053), the same comparison catches the divergence.
-        uninterrupted = self.train_uninterrupted("adamw_torch", 1, [8])
-        with mock.patch.object(Trainer, "_load_scaler"):
-            resumed = self.resume(uninterrupted, "adamw_torch", 1, 8)
-        with self.assertRaisesRegex(AssertionError, r"loss scale after each attempt\[8\]\[1\]: 1024.0 != 256.0"):
-            assert_same_training(resumed, uninterrupted)
-
     @slow
     @require_torch_accelerator
     @run_test_using_subprocess(deterministic=True, timeout=600)
     def test_resume_matches_uninterrupted_run_on_accelerator(self):
         # Real fp16 on the device, with the `GradScaler` Accelerate builds for it (set to `SCALER_SETTINGS`).
-        uninterrupted = self.train_uninterrupted("adamw_torch_fused", 1, RESUME_ATTEMPTS.values())
-        for resume_point, attempt in RESUME_ATTEMPTS.items():
-            with self.subTest(resume_point=resume_point):
-                assert_same_training(self.resume(uninterrupted, "adamw_torch_fused", 1, attempt), uninterrupted)
+        self.check_parity("adamw_torch_fused")
