@@ -26,6 +26,11 @@ from transformers.testing_utils import TestCasePlus, get_torch_dist_unique_port,
 from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint
 
 
+# The data of the single-process parity tests (also when torchrun runs this file as a script).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "trainer"))
+from test_trainer_resume_fp16 import RandomTokenDataset  # noqa: E402
+
+
 # Overflows are injected at these update steps. With `growth_interval=3` the scale grows at step 3, then backs off three
 # times; checkpoint-5 sits inside the streak of skipped updates.
 OVERFLOW_STEPS = (4, 5, 6)
@@ -89,18 +94,6 @@ def require_deepspeed_fp16(test_case):
         return test_case(self, *args, **kwargs)
 
     return wrapper
-
-
-class RandomTokenDataset(torch.utils.data.Dataset):
-    def __init__(self, length=64, seq_length=16, vocab_size=64):
-        generator = torch.Generator().manual_seed(0)
-        self.input_ids = torch.randint(0, vocab_size, (length, seq_length), generator=generator)
-
-    def __len__(self):
-        return len(self.input_ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.input_ids[i], "labels": self.input_ids[i]}
 
 
 class GradientOverflowCallback(TrainerCallback):

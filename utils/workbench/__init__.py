@@ -22,9 +22,10 @@ Commands (``python utils/fork.py <command> --help`` for options):
             then ``pip install -e`` the forks. With ``--clone PATH`` put the stack's PRs on a new branch of a
             contributor's upstream clone, authored by the contributor.
 ``export``  turn the forks' commits back into overlay files and patch files (byte-stable, three-way for the overlay).
-``check``   lint the series, check the stack against the repository, build every PR's level (pristine + the PRs
-            below it + the PR) with ``git am``, fail when re-exporting would change files; ``--tests`` also runs
-            each PR's own tests at its level.
+``check``   lint the series, check the stack against the repository, apply the whole series PR after PR and build
+            every PR's level (pristine + the PRs it depends on + the PR) with ``git am``, fail when re-exporting
+            would change files; ``--tests`` also runs each PR's own tests at its level, against the other
+            upstreams' releases.
 ``pr``      write ``dist/<NN>-<name>/`` per PR: its ``git am`` series and ``PR_DESCRIPTION.md``, authored by git's
             ``user.name``/``user.email``; print the ``_toctree.yml`` entries to add by hand.
 ``deps``    install the pinned tools into the virtual environment (torch first), once per pin set.

@@ -47,7 +47,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
             for pr in own:
                 folder = staging / pr.folder
                 folder.mkdir()
-                start, end = DEPS_TAG + pr.name, level_ref(prs, pr)
+                start, end = DEPS_TAG + pr.name, level_ref(pr)
                 git(
                     repo,
                     "format-patch",

@@ -258,8 +258,8 @@ def dependencies(prs: list[PR], pr: PR) -> list[PR]:
     return [p for p in below(prs, pr) if p.name in needed]
 
 
-def level_ref(prs: list[PR], pr: PR | None) -> str:
-    return BASE_REF if pr is None else LEVEL_TAG + pr.name
+def level_ref(pr: PR) -> str:
+    return LEVEL_TAG + pr.name
 
 
 GUARD_PLUGIN = textwrap.dedent(
@@ -295,7 +295,7 @@ def run_level_tests(
     """Run ``tests`` (node ids relative to the upstream root) at ``pr``'s level, with the source folders ``stock``
     (the released other upstreams) next on the path; return a problem or None."""
     checkout = scratch / f"level-{pr.name}"
-    git(repo, "worktree", "add", "-q", "--detach", str(checkout), level_ref(prs, pr))
+    git(repo, "worktree", "add", "-q", "--detach", str(checkout), level_ref(pr))
     guard = scratch / "guard"
     guard.mkdir(exist_ok=True)
     (guard / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
