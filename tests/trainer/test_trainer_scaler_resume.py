@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import traceback
 from pathlib import Path
+from unittest import mock
 
 from parameterized import parameterized
 
@@ -129,11 +130,11 @@ class TrainerScalerResumeTest(TestCasePlus):
             os.remove(scaler_file)
         else:
             torch.save({}, scaler_file)
-        trainer = get_trainer(output_dir, "fp16", max_steps=6)
+        trainer = get_trainer(output_dir, "fp16")
         initial_scale = trainer.accelerator.scaler.get_scale()
         with self.assertLogs("transformers.trainer", level="WARNING") as logs:
-            trainer.train(resume_from_checkpoint=checkpoint)
-        self.assertEqual(trainer.state.global_step, 6)
+            trainer._load_scaler(checkpoint)
+        self.assertEqual(trainer.accelerator.scaler.get_scale(), initial_scale)
         records = [record for record in logs.records if checkpoint in record.getMessage()]
         self.assertEqual([record.levelname for record in records], ["WARNING"])
         self.assertIn(f"initial value {initial_scale}", records[0].getMessage())
@@ -167,13 +168,14 @@ class TrainerScalerResumeTest(TestCasePlus):
         ]
     )
     def test_resume_invalid_scaler_state_raises(self, name, corrupt):
+        # `_load_scaler` itself; `test_resume_invalid_scaler_state_stops_training` checks that `train()` raises it.
         output_dir, checkpoint = self.get_checkpoint()
         scaler_file = os.path.join(checkpoint, "scaler.pt")
         corrupt(scaler_file)
         files_before = hash_files(checkpoint)
-        trainer = get_trainer(output_dir, "fp16", max_steps=6)
+        trainer = get_trainer(output_dir, "fp16")
         with self.assertRaises(ValueError) as context:
-            trainer.train(resume_from_checkpoint=checkpoint)
+            trainer._load_scaler(checkpoint)
         message = str(context.exception)
         self.assertIn(scaler_file, message)
         self.assertIn("Delete this file", message)
@@ -181,10 +183,19 @@ class TrainerScalerResumeTest(TestCasePlus):
         self.assertEqual(hash_files(checkpoint), files_before)
         self.assertEqual(UNPICKLED, [])
 
+    def test_resume_invalid_scaler_state_stops_training(self):
+        output_dir, checkpoint = self.get_checkpoint()
+        write_bytes(os.path.join(checkpoint, "scaler.pt"), lambda data: data[: len(data) // 2])
+        trainer = get_trainer(output_dir, "fp16", max_steps=6)
+        with mock.patch.object(trainer, "training_step") as training_step:
+            with self.assertRaisesRegex(ValueError, "Delete this file"):
+                trainer.train(resume_from_checkpoint=checkpoint)
+        training_step.assert_not_called()
+
     def test_resume_unreadable_scaler_file_raises_os_error(self):
         output_dir, checkpoint = self.get_checkpoint()
         os.remove(os.path.join(checkpoint, "scaler.pt"))
         os.mkdir(os.path.join(checkpoint, "scaler.pt"))
-        trainer = get_trainer(output_dir, "fp16", max_steps=6)
+        trainer = get_trainer(output_dir, "fp16")
         with self.assertRaises(OSError):
-            trainer.train(resume_from_checkpoint=checkpoint)
+            trainer._load_scaler(checkpoint)
