@@ -8,7 +8,10 @@ variant and the ratio of medians isolated / in process:
 
 - `trivial`: a decorated test whose body does nothing (the cost of a fresh process itself);
 - `parity`: `test_resume_matches_uninterrupted_run` of `tests/trainer/test_trainer_resume_fp16.py`;
-- `file -n 2`: the non-slow part of that file under `pytest -n 2` (what a PR's CI pays), and with `RUN_SLOW=1`.
+- `file -n 2`: the non-slow part of that file under `pytest -n 2` (what a PR's CI pays), and with `RUN_SLOW=1`;
+- `file -n 2, no test selected`: the same command with `-k` matching no test (exit code 5): what pytest-xdist's two
+  workers cost by themselves, importing torch and transformers to collect the file. `file -n 2` minus it is what the
+  file's tests add.
 
     .venv/bin/python bench/bench_subprocess.py [--repeats 3] [--fork build/transformers] [--out FILE]
 """
@@ -40,14 +43,14 @@ class Trivial(unittest.TestCase):
 """
 
 
-def measure(cmd, cwd, env) -> dict:
-    """Wall and CPU seconds (this command and its descendants) of one run; raises if it fails."""
+def measure(cmd, cwd, env, ok=(0,)) -> dict:
+    """Wall and CPU seconds (this command and its descendants) of one run; raises if its exit code is not in `ok`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         raise SystemExit(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
@@ -77,6 +80,13 @@ def main() -> int:
             "parity, fresh process": (pytest + [parity_node], fork, base_env),
             "file -n 2": (pytest + ["-n", "2", PARITY], fork, base_env),
             "file -n 2, RUN_SLOW=1": (pytest + ["-n", "2", PARITY], fork, {**base_env, "RUN_SLOW": "1"}),
+            # pytest's exit code 5: no test selected
+            "file -n 2, no test selected": (
+                pytest + ["-n", "2", "-k", "no_such_test", PARITY],
+                fork,
+                base_env,
+                (5,),
+            ),
         }
         runs = {name: [] for name in variants}
         for repeat in range(args.repeats):
@@ -95,7 +105,15 @@ def main() -> int:
         }
         for body in ("trivial", "parity")
     }
-    result = {"repeats": args.repeats, "runs": runs, "medians": medians, "ratio_fresh_over_in_process": ratios}
+    floor = medians["file -n 2, no test selected"]
+    added = {key: round(medians["file -n 2"][key] - floor[key], 2) for key in ("wall_s", "cpu_s")}
+    result = {
+        "repeats": args.repeats,
+        "runs": runs,
+        "medians": medians,
+        "ratio_fresh_over_in_process": ratios,
+        "file_-n_2_minus_no_test_selected": added,
+    }
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
