@@ -112,9 +112,11 @@ class RunTestUsingSubprocessTest(TestCasePlus):
         env = {k: v for k, v in os.environ.items() if k not in unset}
         env.update(TMPDIR=cls.pytest_tmp_dir, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         junit = os.path.join(cls.tmp_dir, "junit.xml")
-        command = [sys.executable, "-m", "pytest", f"--junitxml={junit}", "test_decorated.py"]
+        pytest_args = ["-p", "no:cacheprovider", f"--junitxml={junit}", "test_decorated.py"]
+        command = [sys.executable, "-m", "pytest", *pytest_args]
         cls.output = subprocess.run(command, cwd=cls.tmp_dir, env=env, capture_output=True, text=True).stdout
         cls.tmp_files_left = os.listdir(cls.pytest_tmp_dir)
+        cls.files_left = os.listdir(cls.tmp_dir)
         cls.results = {case.get("name"): case for case in ET.parse(junit).iter("testcase")}
 
     def assertOutcome(self, name, tag=None, type=None, message=None):
@@ -166,5 +168,7 @@ class RunTestUsingSubprocessTest(TestCasePlus):
         (name,) = [name for name in self.results if name.startswith("test_not_found")]
         self.assertOutcome(name, "failure", message="could not be found by its node id in the subprocess")
 
-    def test_temporary_directories_are_removed(self):
+    def test_nothing_is_left_behind(self):
         self.assertEqual(self.tmp_files_left, [])
+        # No `.pytest_cache` from the subprocesses either
+        self.assertEqual(sorted(self.files_left), ["junit.xml", "sleep.pid", "test_decorated.py", "tmp"])
