@@ -18,8 +18,8 @@ core of a 2-core machine), `OMP_NUM_THREADS=1`, without the `@slow` tests.
 Each repeat runs, back to back:
 
 - the reference, `python -c "import transformers.trainer"`: what every pytest worker and every fresh test process pays
-  before anything else. Its time says how fast the machine was during that repeat (a shared machine varies by a third from
-  one minute to the next), so that repeats and runs can be compared;
+  before anything else. Its time says how fast the machine was during that repeat (a shared machine varies by a third
+  from one minute to the next), so that repeats and runs can be compared;
 - the suite, `pytest -n 2 -q -p no:cacheprovider <files>` in the fork, with the CPU time the whole machine spent
   meanwhile (from `/proc/stat`: the suite is CPU-bound when wall × cores is close to it).
 

@@ -442,8 +442,8 @@ def _flat_weights(model):
 
 def run_ddp_worker(variant: str, options) -> None:
     """
-    Runs in each of the two torchrun processes: the uninterrupted run and the exact resume. The first process writes the records to `<out>/<variant>/ddp/ddp.json`; each
-    record says whether the two processes ended with the same model.
+    Runs in each of the two torchrun processes: the uninterrupted run and the exact resume. The first process writes
+    the records to `<out>/<variant>/ddp/ddp.json`; each record says whether the two processes ended with the same model.
     """
     import torch
     import torch.distributed as dist
@@ -975,9 +975,8 @@ def main(argv=None) -> int:
         json.dump(resume_diff.json_safe(report), f, indent=2)
     plot_report(report, options, plot_path)
     print(f"\nreport: {report_path}\nplot:   {plot_path}")
-    print(
-        f"compare any two runs: python utils/resume_diff.py {options.out}/fork/uninterrupted {options.out}/fork/no_scaler_pt"
-    )
+    runs = f"{options.out}/fork/uninterrupted {options.out}/fork/no_scaler_pt"
+    print(f"compare any two runs: python utils/resume_diff.py {runs}")
     fork_ok = report["fork_as_expected"]
     if fork_ok is not None:
         print(f"fork behaves as fixed in every scenario: {'yes' if fork_ok else 'NO'}")

@@ -37,8 +37,8 @@ from transformers.testing_utils import (
 
 
 # Update attempts whose gradients overflow (a streak of three skipped updates). With an initial scale of 2**10 and
-# `growth_interval=3`, the scale grows after attempts 3 and 9: attempt 5 is inside the streak, 8 just before a growth and
-# 9 just after one. Overflows and checkpoints are keyed on the callback's own count of attempts, not on
+# `growth_interval=3`, the scale grows after attempts 3 and 9: attempt 5 is inside the streak, 8 just before a growth
+# and 9 just after one. Overflows and checkpoints are keyed on the callback's own count of attempts, not on
 # `state.global_step`, which Trainer versions advance differently on skipped updates.
 OVERFLOW_ATTEMPTS = (4, 5, 6)
 RESUME_ATTEMPTS = {"inside_overflow_streak": 5, "before_scale_growth": 8, "after_scale_growth": 9}

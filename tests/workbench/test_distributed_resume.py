@@ -4,9 +4,9 @@ Exact resume of fp16 mixed precision training with two processes (DDP over gloo,
 A test of the project, not of a PR: it needs `torchrun` launches (tens of seconds each) and DeepSpeed.
 
 The tests launch this file with `torchrun` (see the `__main__` block at the end). Each process trains the tiny GPT-2 of
-`tests/trainer/test_trainer_resume_fp16.py` with real fp16 autocast and a CPU `GradScaler`, and saves what it ended with; the tests
-compare those files bit for bit. Starting two processes costs far more than training, so one launch runs every scenario
-in sequence.
+`tests/trainer/test_trainer_resume_fp16.py` with real fp16 autocast and a CPU `GradScaler`, and saves what it ended
+with; the tests compare those files bit for bit. Starting two processes costs far more than training, so one launch runs
+every scenario in sequence.
 """
 
 import functools
@@ -152,8 +152,8 @@ def get_fp16_trainer(
     output_dir, optim="adamw_torch", gradient_accumulation_steps=1, overflow_steps=OVERFLOW_STEPS, deepspeed=False
 ):
     """
-    A tiny GPT-2 Trainer that saves checkpoints 3 and 5, with real fp16 autocast and a CPU `GradScaler`, or with DeepSpeed's fp16
-    optimizer and its own loss scaler.
+    A tiny GPT-2 Trainer that saves checkpoints 3 and 5, with real fp16 autocast and a CPU `GradScaler`, or with
+    DeepSpeed's fp16 optimizer and its own loss scaler.
     """
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
@@ -453,10 +453,11 @@ def local_tensors(state):
 
 def train_fsdp2(output_dir, resume=False):
     """
-    Trains a small `fully_shard` model with fp16 autocast the way the Trainer does under FSDP2 (an `AcceleratedOptimizer`
-    driving the `GradScaler`, checkpoints written by Accelerate's FSDP helpers plus `scaler.pt`), or resumes it from
-    checkpoint `RESUME_STEP` in the Trainer's order: model, optimizer, then scaler. The first process puts an inf in its
-    shard of the gradients at `OVERFLOW_STEPS`, after the reduce-scatter. Returns what this process ended with.
+    Trains a small `fully_shard` model with fp16 autocast the way the Trainer does under FSDP2 (an
+    `AcceleratedOptimizer` driving the `GradScaler`, checkpoints written by Accelerate's FSDP helpers plus `scaler.pt`),
+    or resumes it from checkpoint `RESUME_STEP` in the Trainer's order: model, optimizer, then scaler. The first process
+    puts an inf in its shard of the gradients at `OVERFLOW_STEPS`, after the reduce-scatter. Returns what this process
+    ended with.
     """
     from accelerate import Accelerator
     from accelerate.optimizer import AcceleratedOptimizer
@@ -565,7 +566,8 @@ def run_deepspeed_scenario(output_dir):
 if __name__ == "__main__":
     # Run by the tests above, in each process of a launch:
     #   python -m torch.distributed.run --nproc_per_node=2 tests/workbench/test_distributed_resume.py \
-    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR | invalid-scaler OUTPUT_DIR}
+    #       {killed OUTPUT_DIR | parity OUTPUT_DIR:KILLED_RUN_OUTPUT_DIR | deepspeed OUTPUT_DIR
+    #        | invalid-scaler OUTPUT_DIR}
     mode, output_dirs = sys.argv[1:]
     output_dir, *other_dirs = output_dirs.split(os.pathsep)
     with open(os.path.join(output_dir, f"pid-{os.environ['RANK']}"), "w", encoding="utf-8") as f:
