@@ -47,7 +47,7 @@ test: fork
 	$(VPY) utils/upstream_pins.py
 	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
 		-p no:cacheprovider --timeout 900 -rs -k deepspeed tests/workbench/test_distributed_resume.py \
-		tests/trainer/test_trainer_loss_scale_logging.py
+		tests/workbench/test_loss_scale_logging_deepspeed.py
 
 repro: fork
 	$(VPY) utils/repro.py

@@ -6,7 +6,8 @@ with ``git am``. A PR that depends on nothing stands alone on the pristine base.
 order, so the series must also apply one PR after the other. ``check`` builds both in a scratch repository (one per
 upstream: the whole stack at HEAD, one tag ``level/<name>`` per PR, ``deps/<name>`` for its dependencies alone) and runs
 each PR's own tests at its level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the
-editable fork, is imported.
+editable fork, is imported; then once more without the PR's fix (its changes outside ``tests/`` undone, or, for a PR of
+regression tests only, its ``mutation`` applied), where they must fail.
 """
 
 import os
@@ -44,6 +45,11 @@ class PR:
     description: str = ""
     depends_on: list[str] = field(default_factory=list)
     overlay_message: str = ""
+    # The issue draft (docs/issues/*.md) the submitter opens before this PR, where upstream wants one first.
+    issue_first: str = ""
+    # For a PR that only adds tests which pass on the pristine base (a regression test): ``[file, old, new]``, one
+    # replacement in the level's library code that must make its tests fail (what they guard).
+    mutation: list[str] = field(default_factory=list)
 
     @property
     def folder(self) -> str:
@@ -84,7 +90,23 @@ def load_stack(project: Project) -> list[PR]:
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise ForkError(f"{label}: {key} must be a list of strings")
             lists[key] = value
-        unknown = set(entry) - {"name", "upstream", "title", "description", "overlay_message", *lists}
+        mutation = entry.get("mutation", [])
+        if (
+            not isinstance(mutation, list)
+            or len(mutation) not in (0, 3)
+            or not all(isinstance(v, str) for v in mutation)
+        ):
+            raise ForkError(f"{label}: mutation must be [file, old text, new text]")
+        unknown = set(entry) - {
+            "name",
+            "upstream",
+            "title",
+            "description",
+            "overlay_message",
+            "issue_first",
+            "mutation",
+            *lists,
+        }
         if unknown:
             raise ForkError(f"{label}: unknown key(s) {', '.join(sorted(unknown))}")
         prs.append(
@@ -95,6 +117,8 @@ def load_stack(project: Project) -> list[PR]:
                 position=i,
                 description=str(entry.get("description") or ""),
                 overlay_message=str(entry.get("overlay_message") or ""),
+                issue_first=str(entry.get("issue_first") or ""),
+                mutation=mutation,
                 **lists,
             )
         )
@@ -134,6 +158,8 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
             problems.append(f"{where}, PR {pr.name}: has no description file (docs/pr/{pr.name}.md)")
         elif not (project.root / pr.description).is_file():
             problems.append(f"{where}, PR {pr.name}: description {pr.description} does not exist")
+        if pr.issue_first and not (project.root / pr.issue_first).is_file():
+            problems.append(f"{where}, PR {pr.name}: issue_first {pr.issue_first} does not exist")
         if not pr.patches and not pr.overlay:
             problems.append(f"{where}, PR {pr.name}: holds no patch and no overlay file")
     for upstream in project.upstreams.values():
@@ -281,6 +307,31 @@ GUARD_PLUGIN = textwrap.dedent(
 )
 
 
+def remove_fix(checkout: Path, pr: PR, base: str) -> str | None:
+    """Take ``pr``'s fix out of ``checkout`` (its level): apply its ``mutation``, or put every file it changes outside
+    ``tests/`` back as it is at ``base``. Returns a problem or None."""
+    if pr.mutation:
+        rel, old, new = pr.mutation
+        path = checkout / rel
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if text.count(old) != 1:
+            return f"PR {pr.name}: its mutation's text must occur once in {rel}, found {text.count(old)} times"
+        path.write_text(text.replace(old, new), encoding="utf-8")
+        return None
+    added, modified = changed_files(checkout, base, "HEAD")
+    library = [f for f in added + modified if not f.startswith("tests/")]
+    if not library:
+        return (
+            f"PR {pr.name}: changes no file outside tests/ and has no mutation, so nothing shows what its tests guard"
+        )
+    for rel in library:
+        if rel in added:
+            (checkout / rel).unlink()
+        else:
+            git(checkout, "checkout", base, "--", rel)
+    return None
+
+
 def run_level_tests(
     project: Project,
     upstream: Upstream,
@@ -291,11 +342,24 @@ def run_level_tests(
     scratch: Path,
     pytest_args: list[str],
     stock: list[Path] = (),
+    without_fix: bool = False,
 ) -> str | None:
     """Run ``tests`` (node ids relative to the upstream root) at ``pr``'s level, with the source folders ``stock``
-    (the released other upstreams) next on the path; return a problem or None."""
-    checkout = scratch / f"level-{pr.name}"
+    (the released other upstreams) next on the path; return a problem or None. With ``without_fix``, run them with the
+    PR's fix taken out (``remove_fix``): then they must fail."""
+    checkout = scratch / (f"level-{pr.name}" + ("-without-fix" if without_fix else ""))
     git(repo, "worktree", "add", "-q", "--detach", str(checkout), level_ref(pr))
+    try:
+        if without_fix:
+            problem = remove_fix(checkout, pr, DEPS_TAG + pr.name)
+            if problem:
+                return problem
+        return _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args, stock, without_fix)
+    finally:
+        git(repo, "worktree", "remove", "--force", str(checkout), check=False)
+
+
+def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args, stock, without_fix) -> str | None:
     guard = scratch / "guard"
     guard.mkdir(exist_ok=True)
     (guard / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
@@ -310,12 +374,13 @@ def run_level_tests(
     )
     python = project.venv / "bin" / "python"
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "pytest_global_state"]
-    cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
+    cmd += ["-p", "no:cacheprovider", *pytest_args, *(["-x"] if without_fix else []), *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
+    what = "without its fix (" + ("its mutation" if pr.mutation else "its changes outside tests/ undone") + ")"
+    where = f"{level_label(upstream, prs, pr)}{with_stock}"
     print(
-        f"\n== PR {pr.name} at its level ({level_label(upstream, prs, pr)}{with_stock}): pytest {' '.join(tests)}",
-        flush=True,
+        f"\n== PR {pr.name} {what if without_fix else 'at its level'} ({where}): pytest {' '.join(tests)}", flush=True
     )
     started = time.monotonic()
     try:  # stream the output where there is a real terminal or log file, else (captured) print it afterwards
@@ -324,9 +389,15 @@ def run_level_tests(
     except (AttributeError, OSError, ValueError):
         proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         print(proc.stdout + proc.stderr, flush=True)
-    git(repo, "worktree", "remove", "--force", str(checkout), check=False)
+    seconds = f"{time.monotonic() - started:.0f} s"
+    if without_fix:
+        if proc.returncode == 1:
+            print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds})", flush=True)
+            return None
+        outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
+        return f"PR {pr.name}: its tests {outcome} {what}, at {where}: they must fail there: {' '.join(tests)}"
     if proc.returncode == 0:
-        print(f"== PR {pr.name}: its tests pass at its level ({time.monotonic() - started:.0f} s)", flush=True)
+        print(f"== PR {pr.name}: its tests pass at its level ({seconds})", flush=True)
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
