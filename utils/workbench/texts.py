@@ -1,0 +1,254 @@
+"""Checks of the upstream-bound texts: the PR descriptions (``docs/pr/*.md``) and the issue drafts
+(``docs/issues/*.md``) a contributor opens upstream in their own name.
+
+Each text must be short enough to read, check and rewrite, in its upstream's current PR template, and cite only
+issues and PRs that were looked up (``docs/references.json``)::
+
+    {"references": [{"repo": "huggingface/transformers", "number": 34053, "kind": "issue", "title": "...",
+                     "state": "closed", "looked_up": "2026-12-01"}, ...]}
+
+A bare ``#N`` in a text means its own upstream's repository; ``owner/repo#N`` and GitHub issue/PR links name theirs.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .gitutil import ForkError
+from .project import Project
+from .stack import load_stack
+
+
+REFERENCES = "docs/references.json"
+PR_DIR = "docs/pr"
+ISSUE_DIR = "docs/issues"
+PR_WORDS = 250
+ISSUE_WORDS = 300
+NOTE_WORDS = 300
+REPOS = {"transformers": "huggingface/transformers", "accelerate": "huggingface/accelerate"}
+POLICY_URL = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
+# The section headings of each upstream's current .github/PULL_REQUEST_TEMPLATE.md, in order.
+TEMPLATES = {
+    "transformers": ["# What does this PR do?", "## Code Agent Policy", "## Before submitting", "## Who can review?"],
+    "accelerate": ["# What does this PR do?", "## Before submitting", "## Who can review?"],
+}
+# Descriptions outside the stack: their upstream, or None for a note that follows no template (a review comment).
+OUTSIDE_STACK = {"tests-gc-freeze-after-collection": "transformers", "accelerate-4291-review-note": None}
+# Words about how the texts were made, which a maintainer must not read (case-insensitive, whole words: "restored"
+# is fine, and so is the template's own "make sure").
+FORBIDDEN = (
+    "bench/",
+    "utils/",
+    "make ",
+    "patches/",
+    "workbench",
+    "stored",
+    "session",
+    "earlier revision",
+    "our tooling",
+)
+
+
+def _forbidden(word: str) -> re.Pattern:
+    tail = r"(?!sure\b)" if word == "make " else (r"(?!\w)" if word[-1].isalnum() else "")
+    return re.compile(r"(?<!\w)" + re.escape(word) + tail, re.IGNORECASE)
+
+
+FORBIDDEN_RE = [(word, _forbidden(word)) for word in FORBIDDEN]
+# Upstream's policy is linked, never copied: phrases of its text.
+POLICY_PHRASES = ("overwhelmed by a large number", "OpenClaw", "deliberately intended")
+MAX_HANDLES = 2
+REPRO_LINES = 30  # a reproduction (a ```python block) a reader can run and read
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.DOTALL | re.MULTILINE)
+COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+CHECKBOX = re.compile(r"^\s*[-*] \[[ xX]\]")
+WORD = re.compile(r"[^\W_]+(?:['’.\-/][^\W_]+)*")
+CITE = re.compile(
+    r"(?:https://github\.com/(?P<lrepo>[\w.-]+/[\w.-]+)/(?:issues|pull)/(?P<lnum>\d+))"
+    r"|(?:(?<![\w/])(?P<repo>[\w.-]+/[\w.-]+)?#(?P<num>\d+)\b)"
+)
+HANDLE = re.compile(r"(?<![\w/])@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)")
+
+
+@dataclass
+class Text:
+    path: Path
+    kind: str  # "pr", "issue" or "note"
+    upstream: str | None  # the repository a bare #N means (transformers, accelerate); None when unknown
+
+    @property
+    def limit(self) -> int:
+        return {"pr": PR_WORDS, "issue": ISSUE_WORDS, "note": NOTE_WORDS}[self.kind]
+
+
+def prose(text: str) -> str:
+    """The text a reader reads as prose: without code blocks, HTML comments, headings and checklist items."""
+    text = COMMENT.sub("", FENCE.sub("", text))
+    lines, in_item = [], False
+    for line in text.splitlines():
+        if CHECKBOX.match(line):
+            in_item = True
+            continue
+        if in_item and line.startswith((" ", "\t")) and line.strip():
+            continue  # the continuation of a checklist item
+        in_item = False
+        if line.lstrip().startswith("#") and re.match(r"\s*#+ ", line):
+            continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def word_count(text: str) -> int:
+    """Prose words (see ``prose``); a link counts as its text."""
+    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose(text))
+    return len(WORD.findall(body))
+
+
+def headings(text: str) -> list[str]:
+    return [line.strip() for line in COMMENT.sub("", FENCE.sub("", text)).splitlines() if re.match(r"#+ ", line)]
+
+
+def section(text: str, heading: str) -> str:
+    """The body of ``heading`` up to the next heading of the same or a higher level ('' when absent)."""
+    lines = COMMENT.sub("", FENCE.sub("", text)).splitlines()
+    level = len(heading) - len(heading.lstrip("#"))
+    out, inside = [], False
+    for line in lines:
+        m = re.match(r"(#+) ", line)
+        if inside and m and len(m.group(1)) <= level:
+            break
+        if inside:
+            out.append(line)
+        if line.strip() == heading:
+            inside = True
+    return "\n".join(out)
+
+
+def citations(text: str, upstream: str | None) -> set[tuple[str, int]]:
+    """(repository, number) for every ``#N``, ``owner/repo#N`` and GitHub issue/PR link (code blocks included)."""
+    found = set()
+    for m in CITE.finditer(text):
+        if m.group("lnum"):
+            found.add((m.group("lrepo"), int(m.group("lnum"))))
+        else:
+            repo = m.group("repo") or REPOS.get(upstream or "", "")
+            found.add((repo, int(m.group("num"))))
+    return found
+
+
+def load_references(project: Project) -> tuple[dict[tuple[str, int], dict], list[str]]:
+    path = project.root / REFERENCES
+    if not path.is_file():
+        return {}, []  # nothing looked up: any citation is a problem
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        return {}, [f"{REFERENCES} is not valid JSON: {e}"]
+    refs, problems = {}, []
+    entries = data.get("references") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return {}, [f'{REFERENCES} must hold {{"references": [...]}}']
+    for i, entry in enumerate(entries, 1):
+        missing = [
+            key
+            for key in ("repo", "number", "kind", "title", "state", "looked_up")
+            if not isinstance(entry, dict) or entry.get(key) in (None, "")
+        ]
+        if missing:
+            problems.append(f"{REFERENCES}, entry {i}: missing {', '.join(missing)}")
+            continue
+        if entry["kind"] not in ("issue", "pr"):
+            problems.append(f"{REFERENCES}, entry {i}: kind must be issue or pr, not {entry['kind']!r}")
+        if entry["state"] not in ("open", "closed", "merged"):
+            problems.append(f"{REFERENCES}, entry {i}: state must be open, closed or merged, not {entry['state']!r}")
+        refs[(entry["repo"], int(entry["number"]))] = entry
+    return refs, problems
+
+
+def upstream_texts(project: Project) -> list[Text]:
+    """The PR descriptions (of the stack and outside it), then the issue drafts."""
+    texts, seen = [], set()
+    try:
+        prs = load_stack(project)
+    except ForkError:
+        prs = []  # `make check` reports the stack itself
+    for pr in prs:
+        if pr.description and (project.root / pr.description).is_file():
+            texts.append(Text(project.root / pr.description, "pr", pr.upstream))
+            seen.add((project.root / pr.description).resolve())
+    for path in sorted((project.root / PR_DIR).glob("*.md")):
+        if path.resolve() in seen:
+            continue
+        upstream = OUTSIDE_STACK.get(path.stem, "accelerate" if path.stem.startswith("accelerate") else "transformers")
+        texts.append(Text(path, "pr" if upstream else "note", upstream or _named_upstream(path.stem)))
+    for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
+        texts.append(Text(path, "issue", _named_upstream(path.stem)))
+    return texts
+
+
+def _named_upstream(stem: str) -> str | None:
+    return next((name for name in REPOS if stem.startswith(name)), None)
+
+
+def text_problems(project: Project) -> list[str]:
+    """Everything wrong with the upstream-bound texts, one line each (nothing when they are fine)."""
+    refs, problems = load_references(project)
+    for text in upstream_texts(project):
+        rel = project.rel(text.path)
+        body = text.path.read_text(encoding="utf-8")
+        words = word_count(body)
+        if words > text.limit:
+            problems.append(f"{rel}: {words} words of prose, more than {text.limit} (code blocks not counted)")
+        for word, pattern in FORBIDDEN_RE:
+            if pattern.search(body):
+                problems.append(f"{rel}: says {word.strip()!r}, which is about how it was made, not about the change")
+        for block in PYTHON_BLOCK.findall(body):
+            if len(block.splitlines()) > REPRO_LINES:
+                problems.append(f"{rel}: a reproduction of {len(block.splitlines())} lines, more than {REPRO_LINES}")
+        if "#<" in body:
+            problems.append(f"{rel}: holds a '#<' placeholder")
+        if text.kind == "issue" and text.upstream is None:
+            problems.append(f"{rel}: name it after its repository ({' or '.join(f'{n}-...' for n in REPOS)})")
+        for repo, number in sorted(citations(body, text.upstream)):
+            if not repo:
+                problems.append(f"{rel}: cites #{number} but its repository is unknown (write owner/repo#{number})")
+            elif (repo, number) not in refs:
+                problems.append(f"{rel}: cites {repo}#{number}, which is not in {REFERENCES} (look it up first)")
+        if text.kind == "pr":
+            problems += template_problems(rel, body, text.upstream)
+    return problems
+
+
+def template_problems(rel: str, body: str, upstream: str | None) -> list[str]:
+    template = TEMPLATES.get(upstream or "")
+    if template is None:
+        return []
+    problems = []
+    found = [h for h in headings(body) if h in template]
+    if found != template:
+        problems.append(f"{rel}: the sections must be {template} in this order (found {found})")
+    if "## Code Agent Policy" in template:
+        policy = section(body, "## Code Agent Policy")
+        if re.search(r"^\s*[-*] \[[xX]\]", policy, re.MULTILINE) or not re.search(
+            r"^\s*[-*] \[ \]", policy, re.MULTILINE
+        ):
+            problems.append(f"{rel}: the Code Agent Policy checkbox is the submitter's: leave it there, unticked")
+        if POLICY_URL not in policy:
+            problems.append(f"{rel}: the Code Agent Policy section links the policy ({POLICY_URL})")
+        for phrase in POLICY_PHRASES:
+            if phrase.lower() in body.lower():
+                problems.append(f"{rel}: copies upstream's policy text ({phrase!r}); link it instead")
+    handles = set(HANDLE.findall(section(body, "## Who can review?")))
+    if len(handles) > MAX_HANDLES:
+        problems.append(f"{rel}: tags {len(handles)} reviewers ({', '.join(sorted(handles))}), at most {MAX_HANDLES}")
+    return problems
+
+
+def word_counts(project: Project) -> list[tuple[str, int, int]]:
+    """(path, prose words, limit) of every upstream-bound text, for the closing note of `make pr`."""
+    return [
+        (project.rel(t.path), word_count(t.path.read_text(encoding="utf-8")), t.limit) for t in upstream_texts(project)
+    ]
