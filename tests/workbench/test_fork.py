@@ -37,6 +37,17 @@ ACCELERATE_FILES = {
 }
 USER = ["-c", "user.name=Dev", "-c", "user.email=dev@example.invalid"]
 PR1 = "trainer-loss-scale"
+POLICY = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
+
+
+def description(what: str, upstream: str = "transformers") -> str:
+    """A PR description in its upstream's current template (what `check` asks of every description)."""
+    policy = (
+        f"## Code Agent Policy\n\n[Policy]({POLICY})\n\n- [ ] I confirm.\n\n" if upstream == "transformers" else ""
+    )
+    return f"# What does this PR do?\n\n{what}\n\n{policy}## Before submitting\n\n## Who can review?\n"
+
+
 LOSS_SCALE_FILES = ["src/transformers/loss_scale.py", "tests/trainer/test_loss_scale.py"]
 
 
@@ -91,7 +102,7 @@ def project(tmp_path):
         root / "tests/trainer/test_loss_scale.py",
         "from transformers.loss_scale import restore\n\n\ndef test_restore():\n    assert restore() == 1\n",
     )
-    write(root / "docs/pr/trainer-loss-scale.md", "## What does this PR do?\n\nRestores the loss scale.\n")
+    write(root / "docs/pr/trainer-loss-scale.md", description("Restores the loss scale."))
     set_stack(root, [pr_entry(PR1, overlay=LOSS_SCALE_FILES, tests=["tests/trainer/test_loss_scale.py"])])
     write(root / ".gitignore", "/build/\n/dist/\n")
     sh(root, "git", "init", "-q")
@@ -467,8 +478,8 @@ def make_stack(root: Path) -> dict[str, Path]:
     series = (root / "patches/transformers/.patches").read_text(encoding="utf-8").split()
     assert series[0] == patch1.name and len(series) == 2
     (acc_patch,) = (root / "patches/accelerate").glob("*.patch")
-    write(root / "docs/pr/trainer-logging.md", "## What does this PR do?\n\nLogs the scale.\n")
-    write(root / "docs/pr/accelerate-skips.md", "## What does this PR do?\n\nDetects skips.\n")
+    write(root / "docs/pr/trainer-logging.md", description("Logs the scale."))
+    write(root / "docs/pr/accelerate-skips.md", description("Detects skips.", "accelerate"))
     write(root / "docs/source/en/loss_scale.md", "# Loss scale on resume\n\nText.\n")
     entries = json.loads((root / "patches/stack.json").read_text(encoding="utf-8"))
     entries[0]["overlay"].append("docs/source/en/loss_scale.md")
@@ -499,9 +510,7 @@ def test_pr_writes_one_folder_per_pr_that_applies_at_its_level(project, tmp_path
     printed = capsys.readouterr().out
     folders = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert folders == ["01-accelerate-skips", f"02-{PR1}", "03-trainer-logging"]
-    assert (out / f"02-{PR1}/PR_DESCRIPTION.md").read_text(encoding="utf-8") == (
-        "## What does this PR do?\n\nRestores the loss scale.\n"
-    )
+    assert (out / f"02-{PR1}/PR_DESCRIPTION.md").read_text(encoding="utf-8") == description("Restores the loss scale.")
     assert "  - local: loss_scale\n    title: Loss scale on resume" in printed
     assert "_toctree.yml" in (out / "README.md").read_text(encoding="utf-8")
 
@@ -699,3 +708,35 @@ def test_build_on_an_existing_clone_makes_a_branch_per_pr(project, tmp_path, cap
     sh(clone, "git", "checkout", "-q", "main")
     assert run(project, "build", "--clone", str(clone)) == 0  # default: the whole transformers stack
     assert sh(clone, "git", "rev-list", "--count", "main..trainer-logging").strip() == "4"
+
+
+def test_pr_writes_the_issue_drafts_and_tells_the_submitter_how_it_was_made(project, tmp_path, capsys):
+    write(project / "docs/issues/transformers-loss-scale.md", "# Proposal: log the loss scale\n\nWhy.\n")
+    write(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
+    entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
+    entries[0]["issue_first"] = "docs/issues/transformers-loss-scale.md"
+    set_stack(project, entries)
+    out = tmp_path / "dist"
+    capsys.readouterr()
+    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
+    printed = capsys.readouterr().out
+    assert (out / "issues/transformers-loss-scale.md").read_text(encoding="utf-8").startswith("# Proposal")
+    assert (out / "outside-the-stack/tests-gc-freeze-after-collection.md").is_file()
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith("# Before you open anything") and "Code Agent Policy" in readme
+    assert (
+        "automated tooling" in readme
+        and "in your own words" in readme
+        and "clone of upstream's current main" in readme
+    )
+    assert f"## 01-{PR1}" in readme and "**open the issue first**: `issues/transformers-loss-scale.md`" in readme
+    assert "open the issue first**: `issues/transformers-gc-freeze-after-collection.md`" in readme
+    assert (
+        "after the issue transformers-loss-scale.md" in printed and "docs/issues/transformers-loss-scale.md" in printed
+    )
+
+    # A text that breaks a rule: nothing is written
+    write(project / "docs/issues/transformers-loss-scale.md", "# Proposal\n\nAs our workbench found.\n")
+    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 1
+    assert "says 'workbench'" in capsys.readouterr().err
+    assert "Why." in (out / "issues/transformers-loss-scale.md").read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ from . import __doc__ as PACKAGE_DOC
 from .forks import OVERLAY_MESSAGE, TOOL_VERSION, cmd_build, cmd_export, pip_install, venv_python
 from .gitutil import ForkError, PatchConflict, contributor_identity, parse_author
 from .overlay import add_overlay, read_overlay
-from .pr import write_pr_output
+from .pr import ISSUES_OUT, write_pr_output
 from .project import Project, Upstream, load_project
 from .series import apply_patches, lint_series, read_series, unexported_changes
 from .sources import create_pristine, obtain_sdist
@@ -23,6 +23,7 @@ from .stack import (
     run_level_tests,
     stack_problems,
 )
+from .texts import text_problems, word_counts
 
 
 DEPS_STAMP_NAME = ".workbench-deps.json"
@@ -63,14 +64,16 @@ def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, s
     own = prs_of(prs, upstream)
     pytest_args = args.pytest_args.split() if args.pytest_args else []
     for pr in own:
-        problem = run_level_tests(project, upstream, repo, prs, pr, pr.tests, tmp, pytest_args, stock)
-        if problem:
-            problems.append(problem)
+        for without_fix in (False, True):
+            problem = run_level_tests(project, upstream, repo, prs, pr, pr.tests, tmp, pytest_args, stock, without_fix)
+            if problem:
+                problems.append(problem)
     return problems
 
 
 def cmd_check(project: Project, args) -> int:
     problems = []
+    problems += text_problems(project)  # the PR descriptions and issue drafts (texts.py)
     for upstream in project.upstreams.values():
         problems += lint_series(project, upstream)
     try:
@@ -125,15 +128,25 @@ def cmd_pr(project: Project, args) -> int:
     problems = stack_problems(project, prs)
     for upstream in project.upstreams.values():
         problems += lint_series(project, upstream)
+    problems += text_problems(project)
     if problems:
         raise ForkError("the stack is not consistent, nothing written (run `make check`):\n  " + "\n  ".join(problems))
     out = Path(args.out).resolve() if args.out else project.root / "dist"
     toc = write_pr_output(project, prs, out, name, email)
     for pr in prs:
         count = len(list((out / pr.folder).glob("*.patch")))
-        print(f"wrote {project.rel(out / pr.folder)}/: {count} patch(es) + PR_DESCRIPTION.md ({pr.upstream})")
-    print(f"wrote {project.rel(out / 'README.md')} (the stack: order, levels, files)")
+        first = f", after the issue {Path(pr.issue_first).name}" if pr.issue_first else ""
+        print(f"wrote {project.rel(out / pr.folder)}/: {count} patch(es) + PR_DESCRIPTION.md ({pr.upstream}{first})")
+    issues = sorted((out / ISSUES_OUT).glob("*.md"))
+    if issues:
+        print(f"wrote {project.rel(out / ISSUES_OUT)}/: {', '.join(p.name for p in issues)} (issue drafts)")
+    print(
+        f"wrote {project.rel(out / 'README.md')} (read it first: how these were made, and what to do before opening)"
+    )
     print(f"Authored by {name} <{email}>. Apply a folder onto its level with `git am <folder>/*.patch`.")
+    print("\nProse words (outside code blocks) per text, and the limit `make check` enforces:")
+    for path, words, limit in word_counts(project):
+        print(f"  {words:4d} / {limit}  {path}")
     if toc:
         print("\n" + "\n".join(toc))
     return 0

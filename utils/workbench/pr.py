@@ -1,5 +1,7 @@
-"""PR output: one folder per PR of the stack under ``dist/`` (its ``git am`` series and PR_DESCRIPTION.md), authored
-by the contributor, written to a staging folder and swapped in whole (never half-written)."""
+"""PR output: one folder per PR of the stack under ``dist/`` (its ``git am`` series and PR_DESCRIPTION.md), the issue
+drafts (``dist/issues/``), the texts outside the stack (``dist/outside-the-stack/``) and ``dist/README.md``, which tells
+the submitter how all of it was made and what to do before opening anything. Authored by the contributor, written to a
+staging folder and swapped in whole (never half-written)."""
 
 import os
 import shutil
@@ -9,9 +11,38 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
+from .texts import ISSUE_DIR, OUTSIDE_STACK, PR_DIR
 
 
 MARKER = ".workbench-pr"
+ISSUES_OUT = "issues"
+OUTSIDE_OUT = "outside-the-stack"
+# What each text outside the stack is, and the issue draft it follows (None: none).
+OUTSIDE_NOTES = {
+    "tests-gc-freeze-after-collection": (
+        "a PR description for a seven-line hook in upstream's root `conftest.py` (not in the sdist, so no series: "
+        "make the change by hand in your clone)",
+        "transformers-gc-freeze-after-collection.md",
+    ),
+    "accelerate-4291-review-note": ("review cases to offer on accelerate#4290/#4291 (a comment, not a PR)", None),
+}
+POLICY = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
+# What dist/README.md tells the submitter before anything else.
+PREAMBLE = f"""# Before you open anything
+
+These patches, PR descriptions and issue drafts were produced with the help of automated tooling (a code agent), not
+written by you. Transformers' Code Agent Policy ({POLICY}, and the "Code Agent Policy" section of its PR template)
+applies to every PR and issue opened from here: PRs and issues that read as agent-written will probably be closed
+without review. Accelerate's maintainers expect the same care. So, for each one you open:
+
+1. Understand every changed line and every test, and be ready to defend them in review.
+2. Apply the series to a clone of upstream's current main (`git am <folder>/*.patch`; they were made against the
+   releases named below) and run its tests there yourself.
+3. Rewrite the description or issue text in your own words; keep only what you checked. Tick the checklist items
+   that are true for you, and answer the Code Agent Policy checkbox yourself: it is left unticked for you.
+4. Where a folder below says "open the issue first", open that issue draft (from `{ISSUES_OUT}/`) first and wait for a
+   maintainer's answer before opening the PR; link the issue from the PR.
+"""
 
 
 def toctree_entries(project: Project, prs: list[PR]) -> list[str]:
@@ -31,6 +62,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
     """Fill ``staging`` with one folder per PR; return the summary lines of dist/README.md."""
     env = contributor_env(name, email)
     summary = [
+        PREAMBLE,
         "# The PR stack, in review order (bottom first)",
         "",
         f"Authored by {name} <{email}>. Each folder holds a `git am` series for its upstream at the given level",
@@ -68,6 +100,11 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                 summary += [
                     f"## {pr.folder}: {pr.title}",
                     "",
+                    *(
+                        [f"- **open the issue first**: `{ISSUES_OUT}/{Path(pr.issue_first).name}`; this PR follows it"]
+                        if pr.issue_first
+                        else []
+                    ),
                     f"- upstream: {upstream.label}" + (f", on top of {', '.join(below)}" if below else " (pristine)"),
                     f"- depends on: {', '.join(pr.depends_on) or 'nothing'}",
                     f"- new files: {', '.join(added) or 'none'}",
@@ -75,12 +112,46 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     f"- tests: {', '.join(pr.tests)}",
                     "",
                 ]
+    summary += write_texts(project, staging)
     toc = toctree_entries(project, prs)
     if toc:
         summary += ["## Doc pages to add to `_toctree.yml` by hand", "", "```", *toc, "```", ""]
     (staging / "README.md").write_text("\n".join(summary), encoding="utf-8")
     (staging / MARKER).write_text("written by `make pr`; replaced as a whole on the next run\n", encoding="utf-8")
     return toc
+
+
+def write_texts(project: Project, staging: Path) -> list[str]:
+    """Copy the issue drafts and the texts outside the stack; return their lines of dist/README.md."""
+    lines = []
+    issues = sorted((project.root / ISSUE_DIR).glob("*.md"))
+    if issues:
+        (staging / ISSUES_OUT).mkdir()
+        lines += ["# Issue drafts", "", f"In `{ISSUES_OUT}/`, each to rewrite in your own words before opening:", ""]
+        for path in issues:
+            shutil.copyfile(path, staging / ISSUES_OUT / path.name)
+            lines.append(f"- `{ISSUES_OUT}/{path.name}`: {first_heading(path)}")
+        lines.append("")
+    outside = [project.root / PR_DIR / f"{name}.md" for name in OUTSIDE_STACK]
+    outside = [path for path in outside if path.is_file()]
+    if outside:
+        (staging / OUTSIDE_OUT).mkdir()
+        lines += ["# Outside the stack", "", f"In `{OUTSIDE_OUT}/` (no patch series here):", ""]
+        for path in outside:
+            shutil.copyfile(path, staging / OUTSIDE_OUT / path.name)
+            what, issue = OUTSIDE_NOTES.get(path.stem, (first_heading(path), None))
+            first = f"; **open the issue first**: `{ISSUES_OUT}/{issue}`" if issue else ""
+            lines.append(f"- `{OUTSIDE_OUT}/{path.name}`: {what}{first}")
+        lines.append("")
+    return lines
+
+
+def first_heading(path: Path) -> str:
+    """The first line of a text, without its heading marks (what the text is)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            return line.lstrip("#").strip()
+    return path.name
 
 
 def ours(out: Path) -> bool:
