@@ -32,8 +32,8 @@ PREAMBLE = f"""# Before you open anything
 
 These patches, PR descriptions and issue drafts were produced with the help of automated tooling (a code agent), not
 written by you. Transformers' Code Agent Policy ({POLICY}, and the "Code Agent Policy" section of its PR template)
-applies to every PR and issue opened from here: PRs and issues that read as agent-written will probably be closed
-without review. Accelerate's maintainers expect the same care. So, for each one you open:
+applies to every PR and issue opened from here: PRs that appear fully agent-written will probably be closed without
+review. Take the same care with the accelerate PR. So, for each one you open:
 
 1. Understand every changed line and every test, and be ready to defend them in review.
 2. Apply the series to a clone of upstream's current main (`git am <folder>/*.patch`; they were made against the
