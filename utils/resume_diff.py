@@ -63,8 +63,14 @@ def is_ignored_field(name: str) -> bool:
 def find_trainer_state(path: str) -> str:
     """
     Returns the `trainer_state.json` to read for `path`: the file itself, a directory's top-level one, or the one of
-    its latest `checkpoint-N`. Raises `ResumeDiffError` when there is none.
+    its latest `checkpoint-N`. Raises `ResumeDiffError` when there is none, or when `path` is not a path at all (e.g.
+    `None` for a run that crashed before it had an output directory).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ResumeDiffError(f"no run to read: a path (directory or {TRAINER_STATE_NAME}) is needed, got {path!r}")
+    path = os.fspath(path)
+    if not path:
+        raise ResumeDiffError(f"no run to read: the path is empty (pass a directory or a {TRAINER_STATE_NAME})")
     if os.path.isfile(path):
         return path
     if not os.path.exists(path):

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,26 @@ def test_run_incomplete_at_the_first_step():
     divergence = compare(make_history(), later)["divergence"]
     assert divergence["step"] == 1 and divergence["cause"] == "run_incomplete"
     assert "B has no log entry for step 1 (nor any before it)" in divergence["explanation"]
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (None, "no run to read: a path (directory or trainer_state.json) is needed, got None"),
+        (3, "no run to read: a path (directory or trainer_state.json) is needed, got 3"),
+        ("", "no run to read: the path is empty"),
+    ],
+)
+def test_no_path_is_a_resume_diff_error(path, expected):
+    """What repro passes for a run lost with its process: its own error (exit status 2 in main), not a TypeError."""
+    with pytest.raises(resume_diff.ResumeDiffError, match=re.escape(expected)):
+        resume_diff.load_log_history(path)
+
+
+def test_missing_path_is_a_resume_diff_error(tmp_path, capsys):
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(resume_diff.ResumeDiffError, match=re.escape(f"{missing}: no such file or directory")):
+        resume_diff.load_log_history(missing)  # a Path works as well as a str
+    good = write_state(tmp_path / "good.json", make_history())
+    assert resume_diff.main(["", str(good)]) == 2
+    assert "resume_diff: error: no run to read: the path is empty" in capsys.readouterr().err
