@@ -63,6 +63,7 @@ Exit status: 0 when the fork behaves as fixed in every scenario run (exact resum
 """
 
 import argparse
+import gc
 import json
 import logging
 import math
@@ -456,6 +457,7 @@ def run_ddp_worker(variant: str, options) -> None:
     transformers.utils.logging.disable_progress_bar()
     capture = _MessageCapture()
     logging.getLogger("transformers").addHandler(capture)
+    _import_before_process_group()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     base = os.path.join(options.out, variant, "ddp")
@@ -504,7 +506,55 @@ def run_ddp_worker(variant: str, options) -> None:
     if rank == 0:
         with open(os.path.join(base, "ddp.json"), "w", encoding="utf-8") as f:
             json.dump(runs, f, indent=2)
+    # The Trainers are garbage in reference cycles (callbacks, accelerator, model), and their DDP models' reducers
+    # hold the process group: collect them first, so that destroying the group frees it, and its gloo threads stop
+    # now rather than at interpreter exit (see `_import_before_process_group`).
+    gc.collect()
     dist.destroy_process_group()
+    left = [name for name in _thread_names() if "gloo" in name]
+    if left:
+        print(
+            f"[{variant}] rank {rank}: warning: gloo threads still running after destroy_process_group ({', '.join(left)}):"
+            " something still holds the process group, and its destruction at interpreter exit can abort this "
+            "process (std::terminate); see _import_before_process_group in utils/repro.py",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _import_before_process_group() -> None:
+    """
+    Imports, before `init_process_group`, the modules a run imports, so that none captures the process group.
+
+    `torch.distributed.nn.functional` (imported by transformers' model and Trainer modules through
+    `torch.distributed.fsdp` and `torch.distributed._shard`) declares its collectives with `group=group.WORLD`
+    defaults, evaluated on import: imported while a default group exists, those defaults hold that group for good, so
+    `destroy_process_group()` unregisters it but cannot free it, and the group with its gloo threads (two
+    `pt_gloo_runloop`, one `gloo_tcp_loop`) lived on into interpreter finalization: the known class of exit aborts
+    (pytorch#179291) behind issue 23, where a process that had done and written its work died there (`terminate
+    called without an active exception`, SIGABRT) and torchrun failed the launch. Imported before the group exists,
+    the defaults are None (the default group at call time).
+    """
+    import torch.distributed.nn  # noqa: F401
+
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: F401
+    from transformers.trainer_callback import PrinterCallback  # noqa: F401
+
+
+def _thread_names() -> list[str]:
+    """The names of this process's OS threads (Linux: /proc/self/task/*/comm), to see gloo's; [] elsewhere."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(names)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ every scenario in sequence.
 """
 
 import functools
+import gc
 import os
 import shutil
 import signal
@@ -583,3 +584,10 @@ if __name__ == "__main__":
     else:
         run_parity_scenarios(output_dir, *other_dirs)
     print(f"process {os.environ['RANK']}: {mode} scenarios ran in {time.perf_counter() - start:.1f}s")
+    # Free the process group (Accelerate created it) before the interpreter exits: left to interpreter finalization,
+    # its gloo threads can abort a process that finished its work (`terminate called without an active exception`,
+    # SIGABRT; issue 23). The Trainers, whose DDP models hold the group, are garbage in reference cycles: collect them
+    # first, so that destroying the group frees it and stops its threads now.
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
