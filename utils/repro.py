@@ -58,11 +58,18 @@ Output, under `--out`: `<variant>/<scenario>/...` run directories (compare any t
 cause, verdict), `repro.png` (learning rate, loss and loss scale against the step, reference vs candidate, stock vs
 fork, one row per scenario). The console shows progress, a per-step table per scenario and variant, and the verdicts.
 
+A run that cannot finish because its process dies (a worker, or a torchrun launch: a process that crashed or
+exited with an error) does not stop the others: that scenario's verdict says `crashed: <why>` (the exit status or
+signal, torchrun's root cause, the last error line), and the other scenarios' tables, `report.json` and `repro.png`
+are still written. A Trainer that raises is a finding instead (`crashes: <error>`, e.g. stock with bf16).
+
 Exit status: 0 when the fork behaves as fixed in every scenario run (exact resume identical, warning without
-`scaler.pt`, no crash with bf16, LR held on skipped updates), 1 otherwise, 2 on a usage or setup error.
+`scaler.pt`, no crash with bf16, LR held on skipped updates), 1 otherwise (a fork scenario that crashed included), 2 on
+a usage or setup error.
 """
 
 import argparse
+import collections
 import gc
 import json
 import logging
@@ -70,9 +77,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -355,7 +364,7 @@ def run_worker(variant: str, options) -> dict:
         "runs": {},
     }
     common = {"options": options, "device": device, "capture": capture, "variant": variant}
-    runs = results["runs"]
+    runs = _RecordedRuns(os.path.join(base, "worker.json"), results)
     if any(scenario in RESUME_SCENARIOS for scenario in options.scenarios):
         baseline = os.path.join(base, "uninterrupted")
         runs["uninterrupted"] = _run("uninterrupted", baseline, precision="fp16", optim="adamw_torch_fused", **common)
@@ -384,23 +393,45 @@ def run_worker(variant: str, options) -> dict:
                 **common,
             )
     if any(scenario in DDP_SCENARIOS for scenario in options.scenarios):
-        runs.update(_launch_ddp_runs(variant, options, base))
-    with open(os.path.join(base, "worker.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
+        try:
+            ddp_runs = _launch_ddp_runs(variant, options, base)
+        except Exception as error:  # e.g. torchrun cannot be started: that scenario's verdict, not the worker's end
+            ddp_runs = {"ddp/uninterrupted": _failed_run(f"the two-process run could not start ({error})")}
+        for name, record in ddp_runs.items():
+            runs[name] = record
     return results
 
 
-def _launch_ddp_runs(variant: str, options, base: str) -> dict:
+class _RecordedRuns(dict):
     """
-    Runs the DDP scenarios in two processes started with torchrun (`--ddp-worker`), with the `transformers` this
-    worker imports. Returns their run records. On timeout, torchrun is stopped, and it stops its processes.
+    The worker's run records: every new record is written at once to `path` (with the worker's other `results`), so
+    that a worker that dies later still leaves the runs it finished, and the driver knows which ones it lost.
     """
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [
+    def __init__(self, path: str, results: dict):
+        super().__init__()
+        self.path, self.results = path, results
+        results["runs"] = self
+        self._write()
+
+    def __setitem__(self, name, record):
+        super().__setitem__(name, record)
+        self._write()
+
+    def _write(self):
+        partial = self.path + ".partial"
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(self.results, f, indent=2)
+        os.replace(partial, self.path)
+
+
+def _failed_run(error: str) -> dict:
+    """The record of a run lost with its process (a worker or a torchrun launch that failed): no directory."""
+    return {"dir": None, "status": "crashed", "error": error, "process_failed": True}
+
+
+def _ddp_command(variant: str, options, port: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -409,30 +440,144 @@ def _launch_ddp_runs(variant: str, options, base: str) -> dict:
         "--max_restarts=0",
         *_worker_command(variant, options, worker_flag="--ddp-worker")[1:],
     ]
+
+
+def _launch_ddp_runs(variant: str, options, base: str) -> dict:
+    """
+    Runs the DDP scenarios in two processes started with torchrun (`--ddp-worker`), with the `transformers` this
+    worker imports. Returns their run records. On timeout, torchrun is stopped, and it stops its processes. When the
+    launch fails (a process crashed or exited with an error, or the timeout), the records say why: torchrun's root
+    cause (the failing rank, its exit code or signal) and the last error line of the output.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = _ddp_command(variant, options, port)
     print(f"[{variant}] ddp: running 2 processes ...", flush=True)
+    ddp_dir = os.path.join(base, "ddp")
+    shutil.rmtree(ddp_dir, ignore_errors=True)  # no results of an earlier launch can pass for this one's
     # torchrun never removes its log folders (`torchelastic_*`): they go to a temporary folder removed afterwards.
     tmp_dir = tempfile.mkdtemp(prefix="repro_ddp_")
-    launcher = subprocess.Popen(
-        command, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp_dir), start_new_session=True
-    )
     try:
-        returncode = launcher.wait(timeout=DDP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        launcher.terminate()
+        launcher = subprocess.Popen(
+            command,
+            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp_dir),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        output = _OutputTail(launcher.stdout, sys.stdout)
         try:
-            launcher.wait(timeout=60)
+            returncode = launcher.wait(timeout=DDP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, 9)
-            launcher.wait()
-        returncode = f"timeout after {DDP_TIMEOUT} s"
+            launcher.terminate()
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(launcher.pid, 9)
+                launcher.wait()
+            returncode = f"timeout after {DDP_TIMEOUT} s"
+        output.join(timeout=30)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    path = os.path.join(base, "ddp", "ddp.json")
+    path = os.path.join(ddp_dir, "ddp.json")
     if returncode != 0 or not os.path.isfile(path):
-        error = f"the two-process run failed (torchrun exit status {returncode})"
-        return {name: {"dir": None, "status": "crashed", "error": error} for name in ("ddp/uninterrupted",)}
+        why = [f"torchrun exit status {returncode}" if isinstance(returncode, int) else str(returncode)]
+        root_cause, last_error = torchrun_root_cause(output.lines), last_error_line(output.lines)
+        why += [f"root cause: {root_cause}"] * bool(root_cause) + [f"last error: {last_error}"] * bool(last_error)
+        if returncode == 0:
+            why.append(f"no {path}")
+        elif os.path.isfile(path):
+            why.append("the results had been written")
+        return {"ddp/uninterrupted": _failed_run(f"the two-process run failed ({'; '.join(why)})")}
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+class _OutputTail:
+    """Copies a child's output (a text stream) line by line to `sink` as it comes, keeping the last `size` lines."""
+
+    def __init__(self, stream, sink, size: int = 300):
+        self.lines = collections.deque(maxlen=size)
+        self._thread = threading.Thread(target=self._copy, args=(stream, sink), name="repro-output", daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream, sink):
+        with stream:
+            for line in stream:
+                self.lines.append(line.rstrip("\n"))
+                sink.write(line)
+                sink.flush()
+
+    def join(self, timeout: float | None = None):
+        self._thread.join(timeout)
+
+
+def signal_name(returncode) -> str | None:
+    """`SIGABRT` for a return code of -6 (a process ended by a signal), else None."""
+    if isinstance(returncode, int) and returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return None
+
+
+def torchrun_root_cause(lines) -> str | None:
+    """
+    Reads the "Root Cause (first observed failure)" block that torchrun prints when a process fails. Returns e.g.
+    `rank 1 exited with -6 (SIGABRT)`, or None when there is no such block.
+    """
+    lines = list(lines)
+    for index, line in enumerate(lines):
+        if line.strip().startswith("Root Cause"):
+            fields = {}
+            for field_line in lines[index + 1 :]:
+                if field_line.startswith("====="):
+                    break
+                match = re.match(r"\s+(\w+)\s*:\s*(.*)", field_line)
+                if match:
+                    fields.setdefault(match.group(1), match.group(2).strip())
+            rank = re.match(r"\d+", fields.get("rank", ""))
+            code = re.match(r"-?\d+", fields.get("exitcode", ""))
+            if rank is None or code is None:
+                return None
+            name = signal_name(int(code.group()))
+            return f"rank {rank.group()} exited with {code.group()}" + (f" ({name})" if name else "")
+    return None
+
+
+# A line of a process's output that reports its error: a Python exception (`ValueError: ...`, also behind torch's
+# `[rank1]: ` prefix), a C++ abort (`terminate called ...`), a fatal signal.
+_ERROR_LINE = re.compile(
+    r"^(\[rank\d+\]:\s*)?([\w.]*(Error|Exception|Interrupt)\b|terminate called|Fatal Python error|Segmentation fault"
+    r"|Aborted|Killed)"
+)
+
+
+def last_error_line(lines) -> str | None:
+    """
+    The last line of a launch's output that reports an error, leaving out what torchrun itself prints about the
+    failure (its log lines and its own `ChildFailedError` traceback). None when there is none.
+    """
+    lines = list(lines)
+    for index in range(len(lines) - 1, -1, -1):  # drop the launcher's own traceback
+        if lines[index].startswith("Traceback (most recent call last):") and any(
+            "ChildFailedError" in line for line in lines[index:]
+        ):
+            lines = lines[:index]
+            break
+    for line in reversed(lines):
+        text = line.strip()
+        if "torch/distributed/elastic/" in text or "ChildFailedError" in text:
+            continue
+        if _ERROR_LINE.match(text):
+            return _shorten(text, 200)
+    return None
 
 
 def _flat_weights(model):
@@ -627,36 +772,81 @@ def _worker_env(variant: str, options) -> dict:
 
 def run_workers(options) -> dict:
     """
-    Runs one worker process per variant, in parallel. Returns `{variant: worker results}`. When one fails (or on any
-    exception, Ctrl-C included), the others are killed: no worker outlives this call.
+    Runs one worker process per variant, in parallel. Returns `{variant: worker results}`. A worker that fails (exits
+    with an error, is killed, or leaves no readable results) does not stop the others: the runs it did not finish
+    become crashed runs saying why (its exit status or signal and its last error line), so that each of its scenarios
+    gets that verdict. A worker that imported the wrong `transformers` is a setup error. On any exception (Ctrl-C
+    included) the workers are killed: no worker outlives this call.
     """
-    processes = {}
+    processes, outputs = {}, {}
     try:
         for variant in options.variants:
             processes[variant] = subprocess.Popen(
-                _worker_command(variant, options), env=_worker_env(variant, options), cwd=REPO_ROOT
+                _worker_command(variant, options),
+                env=_worker_env(variant, options),
+                cwd=REPO_ROOT,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
             )
+            outputs[variant] = _OutputTail(processes[variant].stderr, sys.stderr)
         results = {}
         for variant, process in processes.items():
             returncode = process.wait()
-            path = os.path.join(options.out, variant, "worker.json")
-            if returncode != 0 or not os.path.isfile(path):
-                fail(f"the {variant} worker failed (exit status {returncode})")
-            try:
-                with open(path, encoding="utf-8") as f:
-                    results[variant] = json.load(f)
-                transformers_file = results[variant]["transformers_file"]
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                fail(f"the {variant} worker's results {path} cannot be read ({type(error).__name__}: {error})")
-            is_stock = os.path.abspath(transformers_file).startswith(options.stock_src + os.sep)
-            if (variant == "stock") != is_stock:
-                fail(f"the {variant} worker imported {transformers_file}")
+            outputs[variant].join(timeout=30)
+            results[variant] = _read_worker_results(variant, options, returncode, outputs[variant].lines)
+            transformers_file = results[variant]["transformers_file"]
+            if transformers_file is not None:
+                is_stock = os.path.abspath(transformers_file).startswith(options.stock_src + os.sep)
+                if (variant == "stock") != is_stock:
+                    fail(f"the {variant} worker imported {transformers_file}")
         return results
     finally:
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
             process.wait()
+        for output in outputs.values():
+            output.join(timeout=30)
+
+
+def _read_worker_results(variant: str, options, returncode: int, output_lines) -> dict:
+    """
+    Reads `<out>/<variant>/worker.json` (written by the worker after each run). When the worker failed, every run of
+    the chosen scenarios it did not record becomes a crashed run with the reason.
+    """
+    path = os.path.join(options.out, variant, "worker.json")
+    results, unreadable = None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+        if not isinstance(results, dict) or not isinstance(results.get("runs"), dict):
+            raise ValueError("no 'runs'")
+    except FileNotFoundError:
+        results = None
+    except (OSError, ValueError) as error:
+        results, unreadable = None, f"{type(error).__name__}: {error}"
+    if returncode == 0 and results is not None:
+        return results
+    if results is None:
+        results = {"variant": variant, "runs": {}}
+    for key in ("transformers_file", "transformers_version", "torch_version", "device"):
+        results.setdefault(key, None)
+    name = signal_name(returncode)
+    why = f"the {variant} worker failed (exit status {returncode}{f', {name}' if name else ''})"
+    if returncode == 0:
+        why = f"the {variant} worker left no readable results"
+    if unreadable:
+        why += f"; {path} cannot be read ({unreadable})"
+    last_error = last_error_line(output_lines)
+    if last_error:
+        why += f"; last error: {last_error}"
+    print(f"repro: {why}", file=sys.stderr, flush=True)
+    for scenario in options.scenarios:
+        for run_name in SCENARIOS[scenario][1:3]:
+            if run_name not in results["runs"]:
+                results["runs"][run_name] = _failed_run(why)
+    return results
 
 
 def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
@@ -678,7 +868,7 @@ def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
 
 
 def _load_run(run: dict | None) -> tuple[list[dict], bool]:
-    if run is None:
+    if run is None or run.get("dir") is None:  # not run, or lost with its process
         return [], False
     try:
         history, _ = resume_diff.load_log_history(run["dir"])
@@ -696,9 +886,11 @@ def compare_variant(scenario: str, worker: dict) -> dict:
     rows_a, rows_b = resume_diff.step_rows(history_a), resume_diff.step_rows(history_b)
     crashed = [run for run in (reference, candidate) if run is not None and run["status"] != "ok"]
     result = {
-        "transformers_file": worker["transformers_file"],
+        "transformers_file": worker.get("transformers_file"),
         "status": "crashed" if crashed else "ok",
         "error": crashed[0]["error"] if crashed else None,
+        # The run's process died (a worker or torchrun launch that failed), rather than the Trainer raising.
+        "process_failed": bool(crashed and crashed[0].get("process_failed")),
         "messages": candidate["messages"] if candidate else [],
         "other_warnings": candidate["other_warnings"] if candidate else [],
         "loss_scale_observed_by_repro": observed_a or observed_b,
@@ -723,7 +915,8 @@ def _short(value) -> str:
 def verdict(scenario: str, result: dict) -> str:
     """One line saying what happened in `scenario` for one variant."""
     if result["status"] == "crashed":
-        return f"crashes: {result['error']}"
+        # `crashed`: its process died, the scenario could not run; `crashes`: the Trainer raised (e.g. stock bf16).
+        return f"{'crashed' if result.get('process_failed') else 'crashes'}: {result['error']}"
     parts = []
     comparison = result["comparison"]
     if scenario == "fused_skip":
@@ -848,7 +1041,7 @@ def build_report(options, workers: dict) -> dict:
             "steps": options.steps,
             "resume_step": options.resume_step,
             "overflow_steps": options.overflow_steps,
-            "device": next(iter(workers.values()))["device"],
+            "device": next((w["device"] for w in workers.values() if w.get("device")), None),
             "batch_size": BATCH_SIZE,
             "learning_rate": LEARNING_RATE,
             "lr_scheduler_type": "cosine",
@@ -856,7 +1049,7 @@ def build_report(options, workers: dict) -> dict:
             "stock_src": options.stock_src,
         },
         "variants": {
-            variant: {key: worker[key] for key in ("transformers_file", "transformers_version", "torch_version")}
+            variant: {key: worker.get(key) for key in ("transformers_file", "transformers_version", "torch_version")}
             for variant, worker in workers.items()
         },
         "scenarios": scenarios,
@@ -932,7 +1125,9 @@ def plot_report(report: dict, options, path: str) -> None:
                 ax.set_yscale("log", base=2)
             title = f"{scenario}: {field}"
             if crashed:
-                title += f" ({', '.join(crashed)}: crashed, no resumed curve)"
+                lost = [v for v in crashed if not entry["variants"][v]["reference_rows"]]
+                what = "no curves" if len(lost) == len(crashed) else "no resumed curve"
+                title += f" ({', '.join(crashed)}: crashed, {what})"
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step")
             if column == 0:

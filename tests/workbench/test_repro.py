@@ -185,8 +185,131 @@ def test_missing_stock_src_is_a_setup_error(tmp_path, capsys):
     assert "needs transformers/__init__.py" in capsys.readouterr().err
 
 
-def test_a_failed_worker_stops_the_others(tmp_path, monkeypatch, capsys):
-    """The first worker fails at once while the second would run for a minute: it must be killed, not left running."""
+# What torchrun prints when one process aborts (abridged; here rank 1 called os.abort() after a `terminate called` line,
+# as a process of issue 23 aborted at exit after its work): the root cause block names the rank and the signal.
+TORCHRUN_ABORT_OUTPUT = """\
+[fork] ddp/exact_resume: done in 0.74 s
+terminate called without an active exception
+W1201 19:46:26.055000 7689 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 7692 closing signal \
+SIGTERM
+E1201 19:46:26.056000 7689 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1 \
+(pid: 7693) of binary: python
+Traceback (most recent call last):
+  File "torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+utils/repro.py FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_19:46:26
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7692)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7692
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_19:46:26
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 7693)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 7693
+======================================================
+"""
+
+
+def test_torchrun_root_cause_and_last_error_line():
+    lines = TORCHRUN_ABORT_OUTPUT.splitlines()
+    assert repro.torchrun_root_cause(lines) == "rank 1 exited with -6 (SIGABRT)"
+    assert repro.last_error_line(lines) == "terminate called without an active exception"
+    assert repro.torchrun_root_cause(
+        ["Root Cause (first observed failure):", "[0]:", "  rank : 0", "  exitcode : 1"]
+    ) == ("rank 0 exited with 1")
+    python_error = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1',
+        "[rank1]: ValueError: Cannot resume",
+    ]
+    assert repro.last_error_line(python_error) == "[rank1]: ValueError: Cannot resume"
+    assert repro.torchrun_root_cause(["no block"]) is None
+    assert repro.last_error_line(["[fork] ddp: running 2 processes ..."]) is None
+
+
+def _write_script(path, text):
+    path.write_text(text, encoding="utf-8")
+    return [sys.executable, str(path)]
+
+
+def test_a_failed_ddp_launch_is_a_crashed_run_with_its_root_cause(tmp_path, monkeypatch, capsys):
+    """A fake torchrun prints what torchrun did when a process aborted at exit, after the results were written."""
+    base = tmp_path / "fork"
+    fake = _write_script(
+        tmp_path / "fake_torchrun.py",
+        "import json, os, sys\n"
+        f"os.makedirs({str(base / 'ddp')!r})\n"
+        f"json.dump({{}}, open({str(base / 'ddp' / 'ddp.json')!r}, 'w'))\n"
+        f"sys.stdout.write({TORCHRUN_ABORT_OUTPUT!r})\n"
+        "raise SystemExit(1)\n",
+    )
+    monkeypatch.setattr(repro, "_ddp_command", lambda variant, options, port: fake)
+    (base / "ddp").mkdir(parents=True)
+    (base / "ddp" / "stale").write_text("", encoding="utf-8")  # an earlier launch's: removed before this one
+    options = repro.parse_args(["--out", str(tmp_path), "--scenarios", "ddp_exact_resume"])
+    runs = repro._launch_ddp_runs("fork", options, str(base))
+    assert not (base / "ddp" / "stale").exists()
+    assert list(runs) == ["ddp/uninterrupted"]
+    record = runs["ddp/uninterrupted"]
+    assert record["status"] == "crashed" and record["dir"] is None and record["process_failed"]
+    assert record["error"] == (
+        "the two-process run failed (torchrun exit status 1; root cause: rank 1 exited with -6 (SIGABRT); last error: "
+        "terminate called without an active exception; the results had been written)"
+    )
+    assert "terminate called without an active exception" in capsys.readouterr().out  # the output is shown live
+
+    worker = {"transformers_file": "fork/transformers/__init__.py", "runs": runs}
+    result = repro.compare_variant("ddp_exact_resume", worker)  # no TypeError on the run without a directory
+    assert result["verdict"] == f"crashed: {record['error']}"
+    assert not result["behaves_as_fixed"]
+    assert result["reference_rows"] == {} and result["candidate_rows"] == {}
+
+
+def test_a_worker_that_dies_becomes_crashed_runs_and_the_other_finishes(tmp_path, monkeypatch, capsys):
+    fork_results = {"variant": "fork", "transformers_file": "/fork/transformers/__init__.py", "device": "cpu"}
+    fork_results |= {"transformers_version": "5.24.0", "torch_version": "2", "runs": {}}
+    (tmp_path / "fork").mkdir()
+    commands = {
+        "stock": _write_script(
+            tmp_path / "stock.py", "import sys\nprint('RuntimeError: boom', file=sys.stderr)\nraise SystemExit(3)\n"
+        ),
+        "fork": _write_script(
+            tmp_path / "fork.py",
+            "import json, time\ntime.sleep(1)\n"
+            f"json.dump({fork_results!r}, open({str(tmp_path / 'fork' / 'worker.json')!r}, 'w'))\n",
+        ),
+    }
+    monkeypatch.setattr(repro, "_worker_command", lambda variant, options: commands[variant])
+    options = repro.parse_args(["--out", str(tmp_path), "--stock-src", str(tmp_path / "stock")])
+    workers = repro.run_workers(options)
+    assert workers["fork"] == fork_results
+    stock = workers["stock"]
+    assert stock["transformers_file"] is None
+    expected_runs = {name for scenario in repro.SCENARIOS.values() for name in scenario[1:3]}
+    assert set(stock["runs"]) == expected_runs
+    why = "the stock worker failed (exit status 3); last error: RuntimeError: boom"
+    assert all(
+        run == {"dir": None, "status": "crashed", "error": why, "process_failed": True}
+        for run in stock["runs"].values()
+    )
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom" in err and f"repro: {why}" in err
+
+
+def test_an_exception_in_the_driver_kills_the_workers(tmp_path, monkeypatch):
+    """The first worker ends at once, the second would run for a minute: it is killed when the driver fails."""
     commands = {
         "stock": [sys.executable, "-c", "raise SystemExit(3)"],
         "fork": [sys.executable, "-c", "import time; time.sleep(60)"],
@@ -198,17 +321,78 @@ def test_a_failed_worker_stops_the_others(tmp_path, monkeypatch, capsys):
             super().__init__(*args, **kwargs)
             started.append(self)
 
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
     monkeypatch.setattr(repro, "_worker_command", lambda variant, options: commands[variant])
+    monkeypatch.setattr(repro, "_read_worker_results", interrupted)
     monkeypatch.setattr(repro.subprocess, "Popen", RecordingPopen)
     options = repro.parse_args(["--out", str(tmp_path), "--stock-src", str(tmp_path / "stock")])
     start = time.monotonic()
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(KeyboardInterrupt):
         repro.run_workers(options)
-    assert exit_info.value.code == 2
-    assert "the stock worker failed (exit status 3)" in capsys.readouterr().err
     assert len(started) == 2
     assert [process.returncode for process in started] == [3, -signal.SIGKILL]  # reaped, nothing left running
     assert time.monotonic() - start < 30
+
+
+def _fake_worker(tmp_path, variant, crashed=()):
+    """Worker results whose runs are tiny trainer_state.json files; the runs named in `crashed` died with a launch."""
+    runs = {}
+    for scenario in repro.SCENARIOS.values():
+        for name in scenario[1:3]:
+            if name in crashed:
+                runs[name] = {"dir": None, "status": "crashed", "error": "the two-process run failed (boom)"}
+                runs[name]["process_failed"] = True
+                continue
+            history = [{**row, "step": step} for step, row in ROWS.items()]
+            run_dir = tmp_path / variant / name
+            run_dir.mkdir(parents=True, exist_ok=True)  # a reference shared by several scenarios
+            (run_dir / "trainer_state.json").write_text(json.dumps({"log_history": history}), encoding="utf-8")
+            runs[name] = {"dir": str(run_dir), "status": "ok", "error": None, "messages": [], "other_warnings": []}
+            if name == "no_scaler_pt":
+                runs[name]["messages"] = [f"WARNING: Checkpoint {run_dir} {repro.MISSING_SCALER_WARNING}"]
+            if name.startswith("ddp/"):
+                runs[name]["processes_hold_the_same_model"] = True
+    transformers_file = str(tmp_path / variant / "transformers" / "__init__.py")
+    return {"variant": variant, "transformers_file": transformers_file, "transformers_version": "5.24.0"} | {
+        "torch_version": "2",
+        "device": "cpu",
+        "runs": runs,
+    }
+
+
+@pytest.mark.parametrize(("crashed_variant", "exit_status"), [("fork", 1), ("stock", 0)])
+def test_a_crashed_scenario_is_its_verdict_and_everything_else_is_written(
+    tmp_path, monkeypatch, capsys, crashed_variant, exit_status
+):
+    stock_src = tmp_path / "stock_src"
+    for package in ("transformers", "accelerate"):
+        (stock_src / package).mkdir(parents=True)
+        (stock_src / package / "__init__.py").write_text("", encoding="utf-8")
+    crashed = ("ddp/uninterrupted",)
+    workers = {
+        variant: _fake_worker(tmp_path / "runs", variant, crashed if variant == crashed_variant else ())
+        for variant in ("stock", "fork")
+    }
+    monkeypatch.setattr(repro, "run_workers", lambda options: workers)
+    out = tmp_path / "out"
+    assert repro.main(["--out", str(out), "--stock-src", str(stock_src)]) == exit_status
+    printed = capsys.readouterr().out
+    assert f"ddp_exact_resume {crashed_variant:5s}: crashed: the two-process run failed (boom)" in printed
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert list(report["scenarios"]) == list(repro.SCENARIOS)
+    for scenario, entry in report["scenarios"].items():
+        for variant, result in entry["variants"].items():
+            lost = scenario == "ddp_exact_resume" and variant == crashed_variant
+            assert result["status"] == ("crashed" if lost else "ok"), (scenario, variant)
+            if not lost:
+                assert result["comparison"]["identical"] and len(result["reference_rows"]) == 2
+    assert report["scenarios"]["ddp_exact_resume"]["variants"][crashed_variant]["verdict"] == (
+        "crashed: the two-process run failed (boom)"
+    )
+    assert report["fork_as_expected"] is (crashed_variant != "fork")
+    assert (out / "repro.png").stat().st_size > 10_000
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process's thread names from /proc")
