@@ -1093,7 +1093,10 @@ def plot_report(report: dict, options, path: str) -> None:
     import matplotlib.pyplot as plt
 
     scenarios = report["scenarios"]
-    fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 3.6 * len(scenarios)), squeeze=False)
+    # Constrained layout places the figure title above the subplots' titles (tight_layout let them overlap).
+    fig, axes = plt.subplots(
+        len(scenarios), 3, figsize=(15, 3.6 * len(scenarios)), squeeze=False, layout="constrained"
+    )
     colors = {"stock": "tab:red", "fork": "tab:blue"}
     markers = {"stock": "x", "fork": "o"}  # distinct, so that overlapping curves stay visible
     for axes_row, (scenario, entry) in zip(axes, scenarios.items()):
@@ -1137,7 +1140,6 @@ def plot_report(report: dict, options, path: str) -> None:
         "dotted line: resume step",
         fontsize=11,
     )
-    fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
