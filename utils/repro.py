@@ -144,7 +144,7 @@ DDP_SCENARIOS = ("ddp_exact_resume",)
 DDP_TIMEOUT = 600  # seconds for the two-process runs of one variant
 TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "loss_scale", "num_skipped_updates")
 PROBE_FIELDS = {"repro_loss_scale": "loss_scale", "repro_num_skipped_updates": "num_skipped_updates"}
-MISSING_SCALER_WARNING = "has no fp16 loss scaler state"
+MISSING_SCALER_WARNING = "the fp16 loss scale restarts at"
 # Messages about loss scaling (whole words: run directories such as `no_scaler_pt` must not match).
 LOSS_SCALE_MESSAGE = re.compile(r"\bloss scale\b|\bscaler\b|GradScaler", re.IGNORECASE)
 

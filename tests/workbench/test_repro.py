@@ -68,8 +68,8 @@ def test_verdicts():
     reset = {1: ROWS[1], 2: {**ROWS[2], "grad_norm": float("inf"), "loss_scale": 32768.0, "num_skipped_updates": 1}}
     line = repro.verdict("no_scaler_pt", _result(ROWS, reset))
     assert line == "diverges at step 2 (grad_norm 1.1 -> inf; loss_scale_reset); says nothing about the loss scale"
-    warned = _result(ROWS, reset, messages=["WARNING: The checkpoint /x/y/checkpoint-1 has no fp16 loss scaler state"])
-    assert "says: WARNING: The checkpoint .../checkpoint-1 has no fp16 loss scaler state" in repro.verdict(
+    warned = _result(ROWS, reset, messages=["WARNING: No scaler.pt in /x/y/checkpoint-1: the fp16 loss scale restarts at 65536.0"])
+    assert "says: WARNING: No scaler.pt in .../checkpoint-1: the fp16 loss scale restarts at 65536.0" in repro.verdict(
         "no_scaler_pt", warned
     )
     assert repro.fork_behaves_as_fixed("no_scaler_pt", warned)
@@ -126,7 +126,7 @@ def test_end_to_end_stock_and_fork(tmp_path):
         assert result["comparison"]["divergence"]["cause"] == "loss_scale_reset"
     assert stock["no_scaler_pt"]["loss_scale_observed_by_repro"]
     assert stock["no_scaler_pt"]["messages"] == []
-    assert any("has no fp16 loss scaler state" in message for message in fork["no_scaler_pt"]["messages"])
+    assert any(repro.MISSING_SCALER_WARNING in message for message in fork["no_scaler_pt"]["messages"])
 
     assert stock["bf16_resume"]["status"] == "crashed"
     assert stock["bf16_resume"]["verdict"].startswith("crashes: AttributeError")

@@ -359,6 +359,19 @@ def run_level_tests(
         git(repo, "worktree", "remove", "--force", str(checkout), check=False)
 
 
+def without_workers(pytest_args: list[str]) -> list[str]:
+    """``pytest_args`` without pytest-xdist's ``-n``/``--numprocesses``."""
+    kept, skip = [], False
+    for arg in pytest_args:
+        if skip:
+            skip = False
+        elif arg in ("-n", "--numprocesses"):
+            skip = True
+        elif not (arg.startswith("--numprocesses=") or (arg.startswith("-n") and len(arg) > 2)):
+            kept.append(arg)
+    return kept
+
+
 def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args, stock, without_fix) -> str | None:
     guard = scratch / "guard"
     guard.mkdir(exist_ok=True)
@@ -374,7 +387,9 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     )
     python = project.venv / "bin" / "python"
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "pytest_global_state"]
-    cmd += ["-p", "no:cacheprovider", *pytest_args, *(["-x"] if without_fix else []), *tests]
+    if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise)
+        pytest_args = [*without_workers(pytest_args), "-x"]
+    cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
     what = "without its fix (" + ("its mutation" if pr.mutation else "its changes outside tests/ undone") + ")"
