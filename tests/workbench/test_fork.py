@@ -579,12 +579,46 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     assert f"== PR {PR1} at its level (fakepkg 1.0 + {PR1}, stock accelerate)" in out
     assert "== PR trainer-logging at its level (fakepkg 1.0 + trainer-loss-scale + trainer-logging, stock acc" in out
     assert "== PR accelerate-skips at its level (fakeacc 1.0 + accelerate-skips, stock transformers)" in out
+    # And without its fix (here: its patches outside tests/ undone), each PR's tests fail
+    for pr in (PR1, "trainer-logging", "accelerate-skips"):
+        assert f"== PR {pr}: its tests fail without its fix (its changes outside tests/ undone), as they must" in out
 
     # PR1's tests need PR2's change: they fail at PR1's level although they pass on the whole fork
     add_to_stack(project, PR1, tests=["tests/trainer/test_logging.py"])
     assert run(project, "check", *args) == 1
     err = capsys.readouterr().err
     assert f"FAIL: PR {PR1}: its tests failed (pytest exit status 4) at its level, fakepkg 1.0 + {PR1}" in err
+
+
+@pytest.mark.parametrize(
+    "mutation, problem",
+    [
+        (["src/transformers/trainer.py", "line 21 logged\n", "line 21\n"], None),
+        (
+            ["src/transformers/trainer.py", "line 30\n", "line 30 changed\n"],
+            "PR trainer-logging: its tests pass without its fix (its mutation), at fakepkg 1.0 + trainer-loss-scale + "
+            "trainer-logging, stock accelerate: they must fail there: tests/trainer/test_logging.py",
+        ),
+        (
+            ["src/transformers/trainer.py", "no such line\n", ""],
+            "PR trainer-logging: its mutation's text must occur once in src/transformers/trainer.py, found 0 times",
+        ),
+    ],
+)
+def test_check_runs_a_prs_tests_with_its_mutation(project, tmp_path, capsys, mutation, problem):
+    make_stack(project)
+    entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
+    entries[-1]["mutation"] = mutation
+    set_stack(project, entries)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    assert run(project, "check", "--venv", str(venv), "--tests", "--pytest-args=-q") == (0 if problem is None else 1)
+    out, err = capsys.readouterr()
+    if problem is None:
+        assert "== PR trainer-logging: its tests fail without its fix (its mutation), as they must" in out
+    else:
+        assert f"FAIL: {problem}" in err
 
 
 @pytest.mark.parametrize(
