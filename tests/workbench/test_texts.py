@@ -85,6 +85,7 @@ def test_each_rule_is_enforced(project):
         "trainer-long": (GOOD.replace("Fixes a crash", long + " Fixes a crash"), "words of prose, more than 250"),
         "trainer-words": (GOOD, "says 'workbench'"),
         "trainer-make": (GOOD.replace("Fixes", "Run make pr. Fixes"), "says 'make'"),
+        "trainer-folder": (GOOD.replace("Fixes", "See utils/repro.py. Fixes"), "says 'utils/'"),
         "trainer-placeholder": (GOOD.replace("(#34053)", "(#<PR x>)"), "holds a '#<' placeholder"),
         "trainer-cite": (GOOD.replace("#34053", "#1"), "cites huggingface/transformers#1, which is not in"),
         "trainer-order": (GOOD.replace("## Before submitting", "## Before you submit"), "the sections must be"),
@@ -106,9 +107,9 @@ def test_each_rule_is_enforced(project):
 
 
 def test_whole_words_only_and_the_templates_own_make_sure(project):
-    text = GOOD.replace("say workbench freely? no: the words", "the restored words, a sessionless").replace(
-        "Fixes", "Make sure it is restored. Fixes"
-    )
+    text = GOOD.replace(
+        "say workbench freely? no: the words", "the restored words, a sessionless, tests/utils/"
+    ).replace("Fixes", "Make sure it is restored. Fixes")
     write(project / "docs/pr/trainer-x.md", text)
     assert problems(project) == []
 
