@@ -32,16 +32,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pytest", "pytest-xdist", "pytest-random-order", "pytest-rerunfailures", "pytest-timeout", "pytest-order")
-DEFAULT_TESTS = (
-    "tests/utils/test_run_test_using_subprocess.py",
-    "tests/trainer/test_trainer_scaler_resume.py",
-    "tests/trainer/test_trainer_jit_checkpoint_signal.py",
-    "tests/trainer/test_trainer_fused_optimizer_skip.py",
-    "tests/trainer/test_trainer_loss_scale_logging.py",
-    "tests/trainer/test_trainer_resume_fp16.py",
-)
 DEFAULT_PYTEST_ARGS = ("-n", "2", "--random-order", "--timeout", "900", "-p", "no:cacheprovider")
 STAMP = "upstream-pins.json"
+STACK = ROOT / "patches" / "stack.json"
+
+
+def stack_tests(stack: Path = STACK) -> list[str]:
+    """The tests of the stack's transformers PRs (the ones this venv's transformers fork holds)."""
+    prs = json.loads(stack.read_text(encoding="utf-8"))
+    return [test for pr in prs if pr["upstream"] == "transformers" for test in pr["tests"]]
 
 
 class PinsError(Exception):
@@ -142,7 +141,7 @@ def main(argv=None) -> int:
     names = {*PACKAGES, *args.extra}
     installed = [line for line in versions.splitlines() if line.split("==")[0].lower() in names]
     print(f"upstream_pins: {', '.join(specs + extras)} -> {', '.join(installed)}", flush=True)
-    pytest_args = args.pytest_args or [*DEFAULT_PYTEST_ARGS, *DEFAULT_TESTS]
+    pytest_args = args.pytest_args or [*DEFAULT_PYTEST_ARGS, *stack_tests()]
     return subprocess.run([str(python), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 
 
