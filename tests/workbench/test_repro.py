@@ -68,7 +68,9 @@ def test_verdicts():
     reset = {1: ROWS[1], 2: {**ROWS[2], "grad_norm": float("inf"), "loss_scale": 32768.0, "num_skipped_updates": 1}}
     line = repro.verdict("no_scaler_pt", _result(ROWS, reset))
     assert line == "diverges at step 2 (grad_norm 1.1 -> inf; loss_scale_reset); says nothing about the loss scale"
-    warned = _result(ROWS, reset, messages=["WARNING: No scaler.pt in /x/y/checkpoint-1: the fp16 loss scale restarts at 65536.0"])
+    warned = _result(
+        ROWS, reset, messages=["WARNING: No scaler.pt in /x/y/checkpoint-1: the fp16 loss scale restarts at 65536.0"]
+    )
     assert "says: WARNING: No scaler.pt in .../checkpoint-1: the fp16 loss scale restarts at 65536.0" in repro.verdict(
         "no_scaler_pt", warned
     )
