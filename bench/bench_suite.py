@@ -51,10 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = (
     "tests/trainer/test_trainer_scaler_resume.py",
     "tests/trainer/test_trainer_jit_checkpoint_signal.py",
-    "tests/trainer/test_trainer_fused_optimizer_skip.py",
     "tests/trainer/test_trainer_loss_scale_logging.py",
     "tests/trainer/test_trainer_resume_fp16.py",
     "tests/utils/test_run_test_using_subprocess.py",
+    "tests/utils/test_run_test_using_subprocess_outcome.py",
 )
 
 
