@@ -289,6 +289,20 @@ def test_export_refuses_overlay_files_changed_on_both_sides(project, capsys, com
     assert loss_scale.read_text(encoding="utf-8") == "fork version\n"
 
 
+def test_an_overlay_file_edited_again_in_the_fork_after_its_export_is_exported(project):
+    assert run(project, "build") == 0
+    loss_scale = project / "src/transformers/loss_scale.py"
+    for version in ("first fork version\n", "second fork version\n"):
+        commit_in_fork(project, "Fork edit", {"src/transformers/loss_scale.py": version})
+        assert run(project, "export") == 0
+        assert loss_scale.read_text(encoding="utf-8") == version
+        sh(project, "git", *USER, "commit", "-q", "-am", "exported")
+    # A repository change after that export is still a conflict with a further fork edit
+    write(loss_scale, "repository version\n")
+    commit_in_fork(project, "Fork edit", {"src/transformers/loss_scale.py": "third fork version\n"})
+    assert run(project, "export") == 1
+
+
 def test_export_refuses_uncommitted_changes(project, capsys):
     assert run(project, "build") == 0
     write(fork_dir(project) / "src/transformers/trainer.py", "edited\n")

@@ -342,7 +342,13 @@ def export_fork(project: Project, upstream: Upstream, force: bool) -> None:
             f"{fork} has uncommitted changes ({', '.join(dirty[:10])}): commit them inside the fork, then export"
         )
     plan = plan_export(upstream, fork)
-    changes = plan_changes(upstream, plan)
+    stamp = read_stamp(fork)
+    exported = frozenset(  # overlay files the repository still holds as the last export wrote them
+        rel
+        for rel, (data, _) in read_overlay(upstream).items()
+        if stamp.get("exported", {}).get(project.rel(upstream.repo_dir / rel)) == sha256_bytes(data)
+    )
+    changes = plan_changes(upstream, plan, exported)
     conflicts = [project.rel(path) for action, path, _, _ in changes if action == "conflict"]
     if conflicts and not force:
         raise ForkError(
@@ -355,7 +361,6 @@ def export_fork(project: Project, upstream: Upstream, force: bool) -> None:
         (("write" if data is not None else "delete") if action == "conflict" else action, path, data, executable)
         for action, path, data, executable in changes
     ]
-    stamp = read_stamp(fork)
     at_risk = unsaved_repo_files(project, [path for _, path, _, _ in changes], stamp.get("exported", {}))
     if at_risk and not force:
         raise ForkError(

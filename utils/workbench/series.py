@@ -235,20 +235,23 @@ def plan_export(upstream: Upstream, fork: Path) -> ExportPlan:
     return ExportPlan(overlay=overlay_at("HEAD"), patches=patches, built_overlay=built_overlay)
 
 
-def plan_changes(upstream: Upstream, plan: ExportPlan) -> list[tuple[str, Path, bytes | None, bool]]:
+def plan_changes(
+    upstream: Upstream, plan: ExportPlan, exported: frozenset[str] = frozenset()
+) -> list[tuple[str, Path, bytes | None, bool]]:
     """
     Differences between the plan and the repository: ``(action, path, content, executable)`` tuples.
 
     An overlay file is a three-way decision against the overlay the fork was built with: a file the fork left alone
     keeps the repository's version (even if the repository changed it since), a file only the fork changed is
     written or deleted, and a file both changed differently is a ``"conflict"``. When the fork's history no longer
-    holds the overlay it was built with, the fork's version wins.
+    holds the overlay it was built with, the fork's version wins. A file whose repository version is the one the last
+    export wrote (``exported``, overlay paths) did not change in the repository.
     """
     changes = []
     current = read_overlay(upstream)
     for rel in sorted(set(plan.overlay) | set(current)):
         ours, theirs = current.get(rel), plan.overlay.get(rel)
-        built = plan.built_overlay.get(rel) if plan.built_overlay is not None else ours
+        built = plan.built_overlay.get(rel) if plan.built_overlay is not None and rel not in exported else ours
         if theirs == ours or theirs == built:
             continue
         action = "conflict" if ours != built else "write" if theirs is not None else "delete"
