@@ -158,43 +158,37 @@ def assert_same_training(resumed, uninterrupted):
 
 @require_torch
 class TrainerResumeFp16Test(TestCasePlus):
-    def check_parity(self, optim, use_cpu=True):
-        for gradient_accumulation_steps in (1, 2):
+    def check_parity(self, optim, gradient_accumulation_steps=(1, 2), use_cpu=True):
+        for accumulation in gradient_accumulation_steps:
+            output_dir = self.get_auto_remove_tmp_dir()
             uninterrupted = get_fp16_trainer(
-                self.get_auto_remove_tmp_dir(),
-                optim,
-                gradient_accumulation_steps,
-                RESUME_ATTEMPTS.values(),
-                0,
-                use_cpu,
+                output_dir, optim, accumulation, RESUME_ATTEMPTS.values(), use_cpu=use_cpu
             )
             uninterrupted[0].train()
             # The scenario really exercises the loss scale: it backed off at each overflow and grew in between
             scales = [uninterrupted[1].trace[attempt][1] for attempt in range(1, len(EXPECTED_SCALES) + 1)]
             self.assertEqual(scales, EXPECTED_SCALES)
             for resume_point, attempt in RESUME_ATTEMPTS.items():
-                with self.subTest(resume_point=resume_point, gradient_accumulation_steps=gradient_accumulation_steps):
+                with self.subTest(resume_point=resume_point, gradient_accumulation_steps=accumulation):
                     checkpoint, saved_at_attempt = uninterrupted[1].checkpoints[attempt]
+                    output_dir = self.get_auto_remove_tmp_dir()
                     resumed = get_fp16_trainer(
-                        self.get_auto_remove_tmp_dir(),
-                        optim,
-                        gradient_accumulation_steps,
-                        attempts=saved_at_attempt,
-                        use_cpu=use_cpu,
+                        output_dir, optim, accumulation, attempts=saved_at_attempt, use_cpu=use_cpu
                     )
                     resumed[0].train(resume_from_checkpoint=checkpoint)
                     assert_same_training(resumed, uninterrupted)
 
-    # The default optimizer on CPU in every CI run, the others and the accelerator in the slow runs
+    # In every CI run: the default optimizer, on CPU. The slow runs add gradient accumulation, the other optimizers
+    # and the accelerator.
     @run_test_using_subprocess
     def test_resume_matches_uninterrupted_run(self):
-        self.check_parity("adamw_torch_fused")
+        self.check_parity("adamw_torch_fused", gradient_accumulation_steps=(1,))
 
-    @parameterized.expand([("adamw_torch",), ("sgd",)])
+    @parameterized.expand([("adamw_torch_fused", (2,)), ("adamw_torch", (1, 2)), ("sgd", (1, 2))])
     @slow
     @run_test_using_subprocess
-    def test_resume_matches_uninterrupted_run_other_optimizers(self, optim):
-        self.check_parity(optim)
+    def test_resume_matches_uninterrupted_run_slow(self, optim, gradient_accumulation_steps):
+        self.check_parity(optim, gradient_accumulation_steps)
 
     @slow
     @require_torch_accelerator
