@@ -57,14 +57,11 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = (
-    "tests/trainer/test_trainer_scaler_resume.py",
-    "tests/trainer/test_trainer_jit_checkpoint_signal.py",
-    "tests/trainer/test_trainer_loss_scale_logging.py",
-    "tests/trainer/test_trainer_resume_fp16.py",
-    "tests/utils/test_run_test_using_subprocess.py",
-    "tests/utils/test_run_test_using_subprocess_outcome.py",
-)
+sys.path.insert(0, str(ROOT / "utils"))
+from upstream_pins import stack_tests  # noqa: E402
+
+
+FILES = tuple(stack_tests())  # the tests of the stack's transformers PRs
 NO_TEST = "this_selects_no_test_at_all"
 
 
