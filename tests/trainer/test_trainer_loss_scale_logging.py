@@ -27,7 +27,7 @@ if is_torch_available():
 
 
 OVERFLOW_ATTEMPT = 4
-TRAINING_KWARGS = {"max_steps": 8, "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": []}
+TRAINING_KWARGS = {"max_steps": 6, "per_device_train_batch_size": 2, "logging_steps": 1, "report_to": []}
 
 
 class OverflowAtAttempt(TrainerCallback):
