@@ -11,27 +11,17 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import ISSUE_DIR, OUTSIDE_STACK, PR_DIR
+from .texts import ISSUE_DIR, OUTSIDE_STACK, POLICY_URL, PR_DIR
 
 
 MARKER = ".workbench-pr"
 ISSUES_OUT = "issues"
 OUTSIDE_OUT = "outside-the-stack"
-# What each text outside the stack is, and the issue draft it follows (None: none).
-OUTSIDE_NOTES = {
-    "tests-gc-freeze-after-collection": (
-        "a PR description for a seven-line hook in upstream's root `conftest.py` (not in the sdist, so no series: "
-        "make the change by hand in your clone)",
-        "transformers-gc-freeze-after-collection.md",
-    ),
-    "accelerate-4291-review-note": ("review cases to offer on accelerate#4290/#4291 (a comment, not a PR)", None),
-}
-POLICY = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
 # What dist/README.md tells the submitter before anything else.
 PREAMBLE = f"""# Before you open anything
 
 These patches, PR descriptions and issue drafts were produced with the help of automated tooling (a code agent), not
-written by you. Transformers' Code Agent Policy ({POLICY}, and the "Code Agent Policy" section of its PR template)
+written by you. Transformers' Code Agent Policy ({POLICY_URL}, and the "Code Agent Policy" section of its PR template)
 applies to every PR and issue opened from here: PRs that appear fully agent-written will probably be closed without
 review. Take the same care with the accelerate PR. So, for each one you open:
 
@@ -139,9 +129,9 @@ def write_texts(project: Project, staging: Path) -> list[str]:
         lines += ["# Outside the stack", "", f"In `{OUTSIDE_OUT}/` (no patch series here):", ""]
         for path in outside:
             shutil.copyfile(path, staging / OUTSIDE_OUT / path.name)
-            what, issue = OUTSIDE_NOTES.get(path.stem, (first_heading(path), None))
-            first = f"; **open the issue first**: `{ISSUES_OUT}/{issue}`" if issue else ""
-            lines.append(f"- `{OUTSIDE_OUT}/{path.name}`: {what}{first}")
+            outside = OUTSIDE_STACK[path.stem]
+            first = f"; **open the issue first**: `{ISSUES_OUT}/{outside.issue_first}`" if outside.issue_first else ""
+            lines.append(f"- `{OUTSIDE_OUT}/{path.name}`: {outside.what}{first}")
         lines.append("")
     return lines
 

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .gitutil import ForkError
 from .project import Project
@@ -33,8 +34,28 @@ TEMPLATES = {
     "transformers": ["# What does this PR do?", "## Code Agent Policy", "## Before submitting", "## Who can review?"],
     "accelerate": ["# What does this PR do?", "## Before submitting", "## Who can review?"],
 }
-# Descriptions outside the stack: their upstream, or None for a note that follows no template (a review comment).
-OUTSIDE_STACK = {"tests-gc-freeze-after-collection": "transformers", "accelerate-4291-review-note": None}
+
+
+class Outside(NamedTuple):
+    """A text of ``docs/pr`` outside the stack: its upstream (None for a note that follows no template, a review
+    comment), what it is (for dist/README.md) and the issue draft to open before it (None: none)."""
+
+    upstream: str | None
+    what: str
+    issue_first: str | None = None
+
+
+OUTSIDE_STACK = {
+    "tests-gc-freeze-after-collection": Outside(
+        "transformers",
+        "a PR description for a seven-line hook in upstream's root `conftest.py` (not in the sdist, so no series: "
+        "make the change by hand in your clone)",
+        "transformers-gc-freeze-after-collection.md",
+    ),
+    "accelerate-4291-review-note": Outside(
+        None, "review cases to offer on accelerate#4290/#4291 (a comment, not a PR)"
+    ),
+}
 # Words about how the texts were made, which a maintainer must not read (case-insensitive, whole words: "restored"
 # is fine, and so is the template's own "make sure").
 FORBIDDEN = (
@@ -184,7 +205,8 @@ def upstream_texts(project: Project) -> list[Text]:
     for path in sorted((project.root / PR_DIR).glob("*.md")):
         if path.resolve() in seen:
             continue
-        upstream = OUTSIDE_STACK.get(path.stem, "accelerate" if path.stem.startswith("accelerate") else "transformers")
+        outside = OUTSIDE_STACK.get(path.stem)
+        upstream = outside.upstream if outside else _named_upstream(path.stem) or "transformers"
         texts.append(Text(path, "pr" if upstream else "note", upstream or _named_upstream(path.stem)))
     for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
         texts.append(Text(path, "issue", _named_upstream(path.stem)))
