@@ -397,7 +397,14 @@ def test_a_crashed_scenario_is_its_verdict_and_everything_else_is_written(
     assert (out / "repro.png").stat().st_size > 10_000
 
 
+def gloo_available() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_gloo_available()
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process's thread names from /proc")
+@pytest.mark.skipif(not gloo_available(), reason="this torch build has no gloo backend (torch.distributed)")
 @pytest.mark.parametrize("imports_first", [True, False], ids=["worker-order", "imported-after-init"])
 def test_destroying_the_ddp_workers_process_group_stops_its_gloo_threads(tmp_path, imports_first):
     """
