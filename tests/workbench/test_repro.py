@@ -414,7 +414,7 @@ def test_destroying_the_ddp_workers_process_group_stops_its_gloo_threads(tmp_pat
     One process, a group of one, in a fresh interpreter that ends with os._exit (the second case is the bug).
     """
     script = f"""
-import gc, os, sys
+import gc, os, sys, time
 sys.path.insert(0, {str(REPO_ROOT / "utils")!r})
 import torch.distributed as dist
 import repro
@@ -422,6 +422,10 @@ if {imports_first}:
     repro._import_before_process_group()
 dist.init_process_group("gloo", init_method={(tmp_path / "store").as_uri()!r}, rank=0, world_size=1)
 import torch.distributed.nn
+# gloo's threads name themselves once running: on a loaded machine, right after init some are still unnamed
+deadline = time.monotonic() + 60
+while "pt_gloo_runloop" not in repro._thread_names() and time.monotonic() < deadline:
+    time.sleep(0.01)
 before = [name for name in repro._thread_names() if "gloo" in name]
 gc.collect()
 dist.destroy_process_group()
