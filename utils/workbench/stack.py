@@ -18,6 +18,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from .gitutil import ForkError, PatchConflict, git, ls_tree
 from .overlay import add_overlay, read_overlay, repo_path, under_roots
@@ -387,8 +388,10 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     )
     python = project.venv / "bin" / "python"
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "pytest_global_state"]
-    if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise)
-        pytest_args = [*without_workers(pytest_args), "-x"]
+    report = scratch / f"{pr.name}-without-fix.xml"
+    if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise);
+        # quiet, one line per traceback, no summary: a log reader must not take these expected failures for failures
+        pytest_args = [*without_workers(pytest_args), "-x", "-q", "--tb=line", "-rN", f"--junit-xml={report}"]
     cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
@@ -408,7 +411,8 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     if without_fix:
         # 1: a test failed; 2: collection failed (e.g. the test imports a module the fix adds)
         if proc.returncode in (1, 2):
-            print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds})", flush=True)
+            failed = ", ".join(_failed_tests(report)) or "collection"
+            print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds}): {failed}", flush=True)
             return None
         outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
         return f"PR {pr.name}: its tests {outcome} {what}, at {where}: they must fail there: {' '.join(tests)}"
@@ -417,6 +421,17 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
+
+
+def _failed_tests(report: Path) -> list[str]:
+    """The names of the test cases that failed or errored in the JUnit XML ``report`` ([] if it is missing)."""
+    try:
+        cases = ElementTree.parse(report).getroot().iter("testcase")
+    except (OSError, ElementTree.ParseError):
+        return []
+    return [
+        case.get("name", "?") for case in cases if case.find("failure") is not None or case.find("error") is not None
+    ]
 
 
 def doc_pages(upstream: Upstream, pr: PR) -> list[tuple[str, str]]:
