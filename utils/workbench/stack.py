@@ -390,8 +390,11 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     cmd = [str(python), "-m", "pytest", "-p", "workbench_level_guard", "-p", "pytest_global_state"]
     report = scratch / f"{pr.name}-without-fix.xml"
     if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise);
-        # quiet, one line per traceback, no summary: a log reader must not take these expected failures for failures
-        pytest_args = [*without_workers(pytest_args), "-x", "-q", "--tb=line", "-rN", f"--junit-xml={report}"]
+        pytest_args = [*without_workers(pytest_args), "-x", f"--junit-xml={report}"]
+        # Quiet (transformers' log_cli would name each test with its outcome), one line per traceback, no summary, in
+        # the pytest a test starts in a subprocess too: a log reader must not take expected failures for failures
+        quiet = "-q -o log_cli=false --tb=line -rN"
+        env["PYTEST_ADDOPTS"] = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), quiet]))
     cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
