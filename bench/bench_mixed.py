@@ -52,13 +52,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "utils"))
 from upstream_pins import stack_tests  # noqa: E402
+from workbench.junit_report import test_cases  # noqa: E402
 
 
 FILES = tuple(stack_tests())  # the tests of the stack's transformers PRs
@@ -71,25 +71,13 @@ def children_cpu_seconds():
 
 
 def outcomes(junit_xml):
-    """`{node id: outcome}` from a pytest junit XML report."""
+    """`{node id: outcome}` from a pytest junit XML report; a test that fails in its teardown after passing keeps
+    its worst outcome."""
     result = {}
-    for case in ET.parse(junit_xml).getroot().iter("testcase"):
-        module = case.get("classname", "")
-        file = case.get("file")
-        name = f"{module}::{case.get('name')}" if not file else f"{file}::{module}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        if "error" in kinds:
-            outcome = "error"
-        elif "failure" in kinds:
-            outcome = "failed"
-        elif "skipped" in kinds:
-            outcome = "skipped"
-        else:
-            outcome = "passed"
-        # a test can fail in its teardown after passing: keep the worst
-        if name in result and result[name] != "passed":
-            continue
-        result[name] = outcome
+    for case in test_cases(junit_xml):
+        name = case["test"] if not case["file"] else f"{case['file']}::{case['test']}"
+        if result.get(name, "passed") == "passed":
+            result[name] = case["outcome"]
     return result
 
 
@@ -106,7 +94,7 @@ def run_pytest(paths, cwd, env, report_dir, label, extra=()):
         "cpu_s": cpu,
         "returncode": run.returncode,
         "summary": lines[-1] if lines else run.stderr[-300:],
-        "outcomes": outcomes(junit) if junit.exists() else {},
+        "outcomes": outcomes(junit),
         "load_average_before": None,
     }
 

@@ -46,11 +46,14 @@ import tarfile
 import tempfile
 import time
 import traceback
-import xml.etree.ElementTree as ET
 import zipfile
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "utils"))
+from workbench.junit_report import test_cases  # noqa: E402
+
+
 MARK = "GPU_CHECK_JSON:"
 PARITY_TEST = os.path.join("tests", "trainer", "test_trainer_resume_fp16.py")
 
@@ -221,24 +224,6 @@ def _patched(module_file):  # the fused-skip patch keeps the scaler's `found_inf
         return "_found_inf" in f.read()
 
 
-def parse_junit(path):
-    """Per test of a pytest junit XML: outcome, duration and (failure/error/skip) message."""
-    tests = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        rec = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": "passed"}
-        rec["duration_s"] = round(float(case.get("time") or 0), 3)
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                rec["outcome"] = {"failure": "failed", "error": "error"}.get(tag, tag)
-                rec["message"] = (node.get("message") or "").strip()[:1000]
-                if tag != "skipped":
-                    rec["details_tail"] = (node.text or "")[-1500:]
-                break
-        tests.append(rec)
-    return tests
-
-
 def run_parity(root, pythonpath, timeout):
     if not os.path.isfile(os.path.join(root, PARITY_TEST)):
         return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}"}
@@ -254,7 +239,7 @@ def run_parity(root, pythonpath, timeout):
         start = time.perf_counter()
         rc, out = _run([*cmd, PARITY_TEST, "-k", "accelerator"], env, timeout, cwd=root)
         res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
-        tests = parse_junit(f"{tmp}/junit.xml") if os.path.isfile(f"{tmp}/junit.xml") else []
+        tests = test_cases(f"{tmp}/junit.xml")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     outcomes = {t["outcome"] for t in tests}

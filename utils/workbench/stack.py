@@ -18,9 +18,9 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from xml.etree import ElementTree
 
 from .gitutil import ForkError, PatchConflict, git, ls_tree
+from .junit_report import test_cases
 from .overlay import add_overlay, read_overlay, repo_path, under_roots
 from .project import Project, Upstream, read_json
 from .series import apply_patches, read_series
@@ -414,7 +414,8 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     if without_fix:
         # 1: a test failed; 2: collection failed (e.g. the test imports a module the fix adds)
         if proc.returncode in (1, 2):
-            failed = ", ".join(_failed_tests(report)) or "collection"
+            failed = [c["test"].rpartition("::")[2] for c in test_cases(report) if c["outcome"] in ("failed", "error")]
+            failed = ", ".join(failed) or "no report"
             print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds}): {failed}", flush=True)
             return None
         outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
@@ -424,17 +425,6 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
-
-
-def _failed_tests(report: Path) -> list[str]:
-    """The names of the test cases that failed or errored in the JUnit XML ``report`` ([] if it is missing)."""
-    try:
-        cases = ElementTree.parse(report).getroot().iter("testcase")
-    except (OSError, ElementTree.ParseError):
-        return []
-    return [
-        case.get("name", "?") for case in cases if case.find("failure") is not None or case.find("error") is not None
-    ]
 
 
 def doc_pages(upstream: Upstream, pr: PR) -> list[tuple[str, str]]:
