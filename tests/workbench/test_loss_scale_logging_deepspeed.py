@@ -16,7 +16,8 @@ from transformers.testing_utils import (
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "trainer"))
-from test_trainer_loss_scale_logging import TrainerLossScaleLoggingTest  # noqa: E402
+# The module, not its TestCase class: pytest would collect the class again here
+import test_trainer_loss_scale_logging as base  # noqa: E402
 
 
 DIST_ENV_1_PROCESS = {"MASTER_ADDR": "localhost", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
@@ -25,8 +26,8 @@ DIST_ENV_1_PROCESS = {"MASTER_ADDR": "localhost", "RANK": "0", "LOCAL_RANK": "0"
 @require_torch
 @require_deepspeed
 class DeepSpeedLossScaleLoggingTest(TestCasePlus):
-    get_trainer = TrainerLossScaleLoggingTest.get_trainer
-    check_loss_scale_logs = TrainerLossScaleLoggingTest.check_loss_scale_logs
+    get_trainer = base.TrainerLossScaleLoggingTest.get_trainer
+    check_loss_scale_logs = base.TrainerLossScaleLoggingTest.check_loss_scale_logs
 
     def test_deepspeed_fp16_logs_loss_scale(self):
         from deepspeed.accelerator import get_accelerator
