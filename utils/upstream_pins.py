@@ -29,18 +29,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workbench.project import load_project
+from workbench.stack import load_stack
+
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pytest", "pytest-xdist", "pytest-random-order", "pytest-rerunfailures", "pytest-timeout", "pytest-order")
 DEFAULT_PYTEST_ARGS = ("-n", "2", "--random-order", "--timeout", "900", "-p", "no:cacheprovider")
 STAMP = "upstream-pins.json"
-STACK = ROOT / "patches" / "stack.json"
 
 
-def stack_tests(stack: Path = STACK) -> list[str]:
+def stack_tests() -> list[str]:
     """The tests of the stack's transformers PRs (the ones this venv's transformers fork holds)."""
-    prs = json.loads(stack.read_text(encoding="utf-8"))
-    return [test for pr in prs if pr["upstream"] == "transformers" for test in pr["tests"]]
+    return [test for pr in load_stack(load_project(ROOT)) if pr.upstream == "transformers" for test in pr.tests]
 
 
 class PinsError(Exception):
