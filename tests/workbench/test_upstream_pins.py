@@ -1,15 +1,15 @@
 """Tests for utils/upstream_pins.py: upstream's pytest pins are read from the fork's setup.py, never guessed."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("workbench_upstream_pins", REPO_ROOT / "utils" / "upstream_pins.py")
-upstream_pins = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(upstream_pins)
+sys.path.insert(0, str(REPO_ROOT / "utils"))
+import upstream_pins  # noqa: E402
+
 
 SETUP_PY = """
 from setuptools import setup
