@@ -18,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
 from workbench import cli as fork  # noqa: E402
 from workbench.series import ZERO_FROM  # noqa: E402
+from workbench.texts import POLICY_URL, TEMPLATES  # noqa: E402
 
 
 TRAINER = "".join(f"line {i}\n" for i in range(1, 41))
@@ -38,15 +39,12 @@ ACCELERATE_FILES = {
 }
 USER = ["-c", "user.name=Dev", "-c", "user.email=dev@example.invalid"]
 PR1 = "trainer-loss-scale"
-POLICY = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
 
 
 def description(what: str, upstream: str = "transformers") -> str:
     """A PR description in its upstream's current template (what `check` asks of every description)."""
-    policy = (
-        f"## Code Agent Policy\n\n[Policy]({POLICY})\n\n- [ ] I confirm.\n\n" if upstream == "transformers" else ""
-    )
-    return f"# What does this PR do?\n\n{what}\n\n{policy}## Before submitting\n\n## Who can review?\n"
+    bodies = {"# What does this PR do?": what, "## Code Agent Policy": f"[Policy]({POLICY_URL})\n\n- [ ] I confirm."}
+    return "\n\n".join(f"{heading}\n\n{bodies.get(heading, '')}".strip() for heading in TEMPLATES[upstream]) + "\n"
 
 
 LOSS_SCALE_FILES = ["src/transformers/loss_scale.py", "tests/trainer/test_loss_scale.py"]
