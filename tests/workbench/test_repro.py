@@ -344,8 +344,7 @@ def _fake_worker(tmp_path, variant, crashed=()):
     for scenario in repro.SCENARIOS.values():
         for name in scenario[1:3]:
             if name in crashed:
-                runs[name] = {"dir": None, "status": "crashed", "error": "the two-process run failed (boom)"}
-                runs[name]["process_failed"] = True
+                runs[name] = repro._failed_run("the two-process run failed (boom)")
                 continue
             history = [{**row, "step": step} for step, row in ROWS.items()]
             run_dir = tmp_path / variant / name
