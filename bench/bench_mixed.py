@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 
@@ -100,10 +101,7 @@ def run_pytest(paths, cwd, env, report_dir, label, extra=()):
 
 
 def counts(run_outcomes):
-    result = {}
-    for outcome in run_outcomes.values():
-        result[outcome] = result.get(outcome, 0) + 1
-    return dict(sorted(result.items()))
+    return dict(sorted(Counter(run_outcomes.values()).items()))
 
 
 def is_ours(node_id):

@@ -137,11 +137,11 @@ def main(argv=None) -> int:
     tests += ["-k", options.k]
     test_env = dict(os.environ, OMP_NUM_THREADS="1", RUN_SLOW="1")
     test_env["PYTHONPATH"] = os.pathsep.join(p for p in ("utils", os.environ.get("PYTHONPATH")) if p)
-    plan = [("repro",)] * options.repro + [("tests", "repro")] * options.after_tests + [("tests",)] * options.tests
-    phase_names = ["repro"] * options.repro + ["after-tests"] * options.after_tests + ["tests"] * options.tests
+    plan = [("repro", ("repro",))] * options.repro + [("after-tests", ("tests", "repro"))] * options.after_tests
+    plan += [("tests", ("tests",))] * options.tests
     print(f"stress_repro: {len(plan)} iterations; logs in {log_dir}", flush=True)
     start, records, number = time.monotonic(), [], 0
-    for iteration, (steps, phase) in enumerate(zip(plan, phase_names), start=1):
+    for iteration, (phase, steps) in enumerate(plan, start=1):
         if options.budget_minutes is not None and time.monotonic() - start > 60 * options.budget_minutes:
             print(
                 f"stress_repro: budget of {options.budget_minutes:g} min spent, {len(plan) - iteration + 1} "
