@@ -50,7 +50,7 @@ test: fork
 		tests/workbench/test_loss_scale_logging_deepspeed.py
 
 repro: fork
-	$(VPY) utils/repro.py
+	$(VPY) utils/repro
 
 patches: | $(VPY)
 	$(VPY) $(FORK) export

@@ -142,9 +142,9 @@ def main(argv=None):
     if args.ddp_run:
         train_and_time(int(args.ddp_run[0]), args.ddp_run[1])
         return
-    import repro
+    from repro.workers import ensure_stock_src
 
-    repro.ensure_stock_src(STOCK_SRC)
+    ensure_stock_src(STOCK_SRC)
     medians = {"stock": [], "fork": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):

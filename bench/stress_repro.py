@@ -1,5 +1,5 @@
 """
-Runs `utils/repro.py` (what `make repro` runs once the forks are built) and the torchrun tests of
+Runs `utils/repro` (what `make repro` runs once the forks are built) and the torchrun tests of
 `tests/workbench/test_distributed_resume.py` over and over, and counts how each run ended (issue 23: about one
 `make repro` in ten failed when a DDP process aborted at exit).
 
@@ -10,10 +10,10 @@ Usage:
 
 Phases, in this order:
 
-1. `--repro N`: `utils/repro.py` N times back to back;
+1. `--repro N`: `utils/repro` N times back to back;
 2. `--after-tests M`: M times, the torchrun tests (`RUN_SLOW=1 pytest tests/workbench/test_distributed_resume.py -k
    EXPR`, as `make test` runs them: `OMP_NUM_THREADS=1`, `PYTHONPATH=utils`, `-p pytest_global_state`), then at once
-   `utils/repro.py`;
+   `utils/repro`;
 3. `--tests K`: the torchrun tests K times.
 
 Each run's output goes to a log in `--log-dir` (default: a new temporary directory outside the repository); the logs
@@ -99,8 +99,8 @@ def run_once(kind: str, command: list[str], env: dict, log_dir: str, number: int
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description="Run utils/repro.py and the torchrun workbench tests repeatedly and count the outcomes.",
-        epilog="Arguments after `--` go to utils/repro.py.",
+        description="Run utils/repro and the torchrun workbench tests repeatedly and count the outcomes.",
+        epilog="Arguments after `--` go to utils/repro.",
     )
     parser.add_argument("--repro", type=int, default=30, metavar="N", help="repro runs back to back (default: 30)")
     parser.add_argument(
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     repro_args = options.repro_args
     if "--out" not in repro_args:
         repro_args = ["--out", os.path.join(log_dir, "repro"), *repro_args]
-    repro = [PYTHON, os.path.join("utils", "repro.py"), *repro_args]
+    repro = [PYTHON, os.path.join("utils", "repro"), *repro_args]
     tests = [PYTHON, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider", "-q", "-rfEs", TEST_FILE]
     tests += ["-k", options.k]
     test_env = dict(os.environ, OMP_NUM_THREADS="1", RUN_SLOW="1")

@@ -1,0 +1,31 @@
+"""Shared by the test_repro_*.py files (utils/ on the path): step rows, a variant's result made of them, a script."""
+
+import sys
+
+import resume_diff
+
+
+ROWS = {
+    1: {"learning_rate": 1e-5, "loss": 5.0, "grad_norm": 1.0, "loss_scale": 8192.0, "num_skipped_updates": 0},
+    2: {"learning_rate": 9e-6, "loss": 4.9, "grad_norm": 1.1, "loss_scale": 8192.0, "num_skipped_updates": 0},
+}
+
+
+def result(rows_a, rows_b, status="ok", messages=(), error=None):
+    history_a = [{**row, "step": step} for step, row in rows_a.items()]
+    history_b = [{**row, "step": step} for step, row in rows_b.items()]
+    return {
+        "status": status,
+        "error": error,
+        "messages": list(messages),
+        "reference_rows": rows_a,
+        "candidate_rows": rows_b,
+        "comparison": resume_diff.compare_histories(history_a, history_b),
+        "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
+        "skipped_steps": [s for s in rows_b if resume_diff.was_skipped(rows_b, s)],
+    }
+
+
+def write_script(path, text):
+    path.write_text(text, encoding="utf-8")
+    return [sys.executable, str(path)]

@@ -1,0 +1,94 @@
+"""The command line: the options, the worker entries (`--worker`, `--ddp-worker`), the driver start to exit status."""
+
+import argparse
+import os
+import time
+
+from .report import build_report, print_report, write_report
+from .runs import run_ddp_worker
+from .scenarios import SCENARIOS, VARIANTS
+from .workers import DEFAULT_STOCK_SRC, ensure_stock_src, fail, run_worker, run_workers
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Reproduce transformers#34053 (fp16 resume) offline against stock transformers and the fork."
+    )
+    parser.add_argument(
+        "--out", default=os.path.join("build", "repro"), help="output directory (default: build/repro)"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
+    parser.add_argument("--resume-step", type=int, default=11, help="checkpoint to resume from (default: 11)")
+    parser.add_argument(
+        "--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS), help="default: all"
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda if present")
+    parser.add_argument("--stock-src", default=DEFAULT_STOCK_SRC, help=f"stock sources (default: {DEFAULT_STOCK_SRC})")
+    parser.add_argument("--variants", default="stock,fork", help="comma-separated, default: stock,fork")
+    parser.add_argument(
+        "--overflow-steps",
+        help="comma-separated steps (1..--steps) with forced overflow in fused_skip (default: the two middle steps, "
+        "9,10 for 20 steps)",
+    )
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    options.out = os.path.abspath(options.out)
+    options.stock_src = os.path.abspath(options.stock_src)
+    options.scenarios = list(dict.fromkeys(options.scenarios))
+    options.variants = list(dict.fromkeys(v.strip() for v in options.variants.split(",") if v.strip()))
+    if not options.variants or any(v not in VARIANTS for v in options.variants):
+        parser.error(f"--variants: choose among {', '.join(VARIANTS)}")
+    if options.steps < 2:
+        parser.error(f"--steps must be at least 2 (a checkpoint to resume from, then more steps), got {options.steps}")
+    if not 1 <= options.resume_step < options.steps:
+        parser.error("--resume-step must be at least 1 and less than --steps")
+    if options.overflow_steps is None:
+        options.overflow_steps = sorted({max(1, options.steps // 2 - 1), options.steps // 2})
+    else:
+        try:
+            overflow_steps = sorted({int(s) for s in options.overflow_steps.split(",") if s.strip()})
+        except ValueError:
+            parser.error(f"--overflow-steps: comma-separated step numbers expected, got {options.overflow_steps!r}")
+        outside = [s for s in overflow_steps if not 1 <= s <= options.steps]
+        if not overflow_steps or outside:
+            parser.error(
+                f"--overflow-steps: steps between 1 and --steps ({options.steps}) expected, got "
+                f"{options.overflow_steps!r}"
+            )
+        options.overflow_steps = overflow_steps
+    return options
+
+
+def main(argv=None) -> int:
+    options = parse_args(argv)
+    if options.worker:
+        run_worker(options.worker, options)
+        return 0
+    if options.ddp_worker:
+        run_ddp_worker(options.ddp_worker, options)
+        return 0
+    start = time.perf_counter()
+    if "stock" in options.variants:
+        ensure_stock_src(options.stock_src)
+    try:
+        os.makedirs(options.out, exist_ok=True)
+    except OSError as error:
+        fail(f"--out {options.out}: cannot create the output directory ({error})")
+    print(
+        f"repro #34053: {options.steps} steps, resume from checkpoint-{options.resume_step}, scenarios "
+        f"{', '.join(options.scenarios)}; variants {', '.join(options.variants)} (one process each) ...",
+        flush=True,
+    )
+    workers = run_workers(options)
+    report = build_report(options, workers)
+    print_report(report, options)
+    report_path, plot_path = write_report(report, options)
+    print(f"\nreport: {report_path}\nplot:   {plot_path}")
+    runs = f"{options.out}/fork/uninterrupted {options.out}/fork/no_scaler_pt"
+    print(f"compare any two runs: python utils/resume_diff.py {runs}")
+    fork_ok = report["fork_as_expected"]
+    if fork_ok is not None:
+        print(f"fork behaves as fixed in every scenario: {'yes' if fork_ok else 'NO'}")
+    print(f"done in {time.perf_counter() - start:.0f} s")
+    return 0 if fork_ok in (True, None) else 1
