@@ -64,6 +64,14 @@ def write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def write_text(path: Path, text: str, claims: list[dict] | None = None) -> None:
+    """An upstream-bound text and its claims file beside it (by default: its first line, read somewhere)."""
+    write(path, text)
+    if claims is None:
+        claims = [{"claim": text.splitlines()[0], "evidence": "read: owner/repo@1.0 src/x.py:1 says so"}]
+    write(texts.claims_path(path), json.dumps({"claims": claims}))
+
+
 def problems(root: Path) -> list[str]:
     return texts.text_problems(load_project(root))
 
@@ -75,7 +83,7 @@ def test_word_count_leaves_out_code_comments_headings_and_checklists():
 
 
 def test_a_description_in_the_current_template_passes(project):
-    write(project / "docs/pr/trainer-x.md", GOOD.replace("say workbench freely? no: the words", "the words"))
+    write_text(project / "docs/pr/trainer-x.md", GOOD.replace("say workbench freely? no: the words", "the words"))
     assert problems(project) == []
 
 
@@ -98,7 +106,7 @@ def test_each_rule_is_enforced(project):
         "trainer-reviewers": (GOOD.replace("@SunMarc", "@a @b @c"), "tags 3 reviewers"),
     }
     for name, (text, _) in cases.items():
-        write(project / f"docs/pr/{name}.md", text.replace("say workbench freely? no: the words", "the words"))
+        write_text(project / f"docs/pr/{name}.md", text.replace("say workbench freely? no: the words", "the words"))
     (project / "docs/pr/trainer-words.md").write_text(GOOD, encoding="utf-8")
     found = problems(project)
     for name, (_, expected) in cases.items():
@@ -110,7 +118,7 @@ def test_whole_words_only_and_the_templates_own_make_sure(project):
     text = GOOD.replace(
         "say workbench freely? no: the words", "the restored words, a sessionless, tests/utils/"
     ).replace("Fixes", "Make sure it is restored. Fixes")
-    write(project / "docs/pr/trainer-x.md", text)
+    write_text(project / "docs/pr/trainer-x.md", text)
     assert problems(project) == []
 
 
@@ -119,18 +127,58 @@ def test_accelerate_template_and_issue_drafts(project):
     accelerate = body.replace(f"## Code Agent Policy\n\nPolicy: [CONTRIBUTING.md]({POLICY}).\n\n", "").replace(
         "- [ ] I confirm that this is not a pure code agent PR.\n\n", ""
     )
-    write(project / "docs/pr/accelerate-x.md", accelerate)
-    write(
+    write_text(project / "docs/pr/accelerate-x.md", accelerate)
+    write_text(
         project / "docs/issues/transformers-x.md",
         "# Title\n\n" + " ".join(["w"] * 301) + " huggingface/accelerate#7\n",
     )
-    write(project / "docs/issues/other.md", "# Title\n\nText.\n")
+    write_text(project / "docs/issues/other.md", "# Title\n\nText.\n")
     found = problems(project)
     assert "docs/pr/accelerate-x.md: cites huggingface/accelerate#4242, which is not in" in found[0]
     assert any("transformers-x.md: 303 words of prose, more than 300" in p for p in found), found
     assert any("transformers-x.md: cites huggingface/accelerate#7" in p for p in found), found
     assert any("other.md: name it after its repository" in p for p in found), found
     assert len(found) == 4
+
+
+def test_each_claim_has_its_evidence_beside_the_text(project):
+    text = GOOD.replace("say workbench freely? no: the words", "the words")
+    good = {"claim": "Fixes a crash\n  when resuming", "evidence": "ran: python repro.py on 5.24.0 -> the crash"}
+    write_text(project / "docs/pr/trainer-ok.md", text, [good, {**good, "evidence": "read: a/b@1 x.py:3 it says"}])
+    write(project / "docs/pr/trainer-none.md", text)
+    write(project / "docs/pr/trainer-bad.md", text)
+    write(project / "docs/pr/trainer-bad.claims.json", "{not json")
+    write_text(project / "docs/pr/trainer-empty.md", text, [])
+    bad = [
+        {"claim": "Fixes a bug", "evidence": "ran: x -> y"},
+        {"claim": "Fixes a crash", "evidence": "it is so"},
+        {"claim": "Fixes a crash", "evidence": "read:  "},
+        {"evidence": "ran: x -> y"},
+    ]
+    write_text(project / "docs/pr/trainer-wrong.md", text, bad)
+    write(project / "docs/issues/transformers-gone.claims.json", json.dumps({"claims": [good]}))
+    assert problems(project) == [
+        "docs/pr/trainer-bad.claims.json is not valid JSON: Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)",
+        'docs/pr/trainer-empty.claims.json must hold {"claims": [...]} with at least one claim',
+        "docs/pr/trainer-none.md: no docs/pr/trainer-none.claims.json (each factual sentence with what was run or "
+        "read to show it)",
+        "docs/pr/trainer-wrong.claims.json, claim 1: docs/pr/trainer-wrong.md does not say 'Fixes a bug'",
+        "docs/pr/trainer-wrong.claims.json, claim 2: evidence must say 'ran: <command> -> <output>' or 'read: <source>'",
+        "docs/pr/trainer-wrong.claims.json, claim 3: evidence must say 'ran: <command> -> <output>' or 'read: <source>'",
+        "docs/pr/trainer-wrong.claims.json, claim 4: no claim",
+        "docs/issues/transformers-gone.claims.json: its text transformers-gone.md does not exist",
+    ]
+
+
+def test_a_comment_draft_is_held_to_the_comment_limit(project):
+    stem = next(iter(texts.COMMENTS))
+    write_text(project / f"docs/issues/{stem}.md", "# Comment\n\n" + " ".join(["w"] * 250) + "\n")
+    assert problems(project) == []
+    write_text(project / f"docs/issues/{stem}.md", "# Comment\n\n" + " ".join(["w"] * 251) + "\n")
+    assert problems(project) == [
+        f"docs/issues/{stem}.md: 251 words of prose, more than {texts.COMMENT_WORDS} (code blocks not counted)"
+    ]
 
 
 def test_references_must_say_what_was_found(project):

@@ -8,6 +8,13 @@ issues and PRs that were looked up (``docs/references.json``)::
                      "state": "closed", "looked_up": "2026-12-01"}, ...]}
 
 A bare ``#N`` in a text means its own upstream's repository; ``owner/repo#N`` and GitHub issue/PR links name theirs.
+
+Every factual sentence of a text has its evidence beside it, in ``<stem>.claims.json`` next to ``<stem>.md``::
+
+    {"claims": [{"claim": "<an exact substring of the text, whitespace runs compared as one space>",
+                 "evidence": "ran: <command, where, at which version> -> <what it printed>"}, ...]}
+
+(or ``"read: <owner/repo>@<version or commit> <path>:<line(s)> <what it says>"``).
 """
 
 import json
@@ -27,6 +34,9 @@ ISSUE_DIR = "docs/issues"
 PR_WORDS = 250
 ISSUE_WORDS = 300
 NOTE_WORDS = 300
+COMMENT_WORDS = 250
+CLAIMS_SUFFIX = ".claims.json"
+EVIDENCE_KINDS = ("ran: ", "read: ")
 REPOS = {"transformers": "huggingface/transformers", "accelerate": "huggingface/accelerate"}
 POLICY_URL = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
 # The section headings of each upstream's current .github/PULL_REQUEST_TEMPLATE.md, in order.
@@ -38,11 +48,13 @@ TEMPLATES = {
 
 class Outside(NamedTuple):
     """A text of ``docs/pr`` outside the stack: its upstream (None for a note that follows no template, a review
-    comment), what it is (for dist/README.md) and the issue draft to open before it (None: none)."""
+    comment), what it is (for dist/README.md), the issue draft to open before it (None: none) and why it stays out of
+    dist/ (None: it is the plan's late stage)."""
 
     upstream: str | None
     what: str
     issue_first: str | None = None
+    left_out: str | None = None
 
 
 OUTSIDE_STACK = {
@@ -53,7 +65,27 @@ OUTSIDE_STACK = {
         "transformers-gc-freeze-after-collection.md",
     ),
     "accelerate-4291-review-note": Outside(
-        None, "review cases to offer on accelerate#4290/#4291 (a comment, not a PR)"
+        None,
+        "review cases to offer on accelerate#4290/#4291 (a comment, not a PR)",
+        left_out="accelerate#4291's own tests (`FSDP2OptimizerScalerStateTest`) already cover its three cases",
+    ),
+}
+
+
+class Comment(NamedTuple):
+    """A draft in ``docs/issues`` that is a comment on an existing issue, not a new issue: where to post it, what it
+    is (for dist/README.md) and the PR of the stack that waits for it (posted first, answered by a maintainer)."""
+
+    on: str  # owner/repo#N
+    what: str
+    before: str
+
+
+COMMENTS = {
+    "accelerate-4242-comment": Comment(
+        "huggingface/accelerate#4242",
+        "proposes reading the `found_inf` the scaler hands AMP-aware optimizers, on the issue that reports the bug",
+        "accelerate-fused-skip",
     ),
 }
 # Words about how the texts were made, which a maintainer must not read (case-insensitive, whole words: "restored"
@@ -99,12 +131,12 @@ HANDLE = re.compile(r"(?<![\w/])@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)")
 @dataclass
 class Text:
     path: Path
-    kind: str  # "pr", "issue" or "note"
+    kind: str  # "pr", "issue", "comment" or "note"
     upstream: str | None  # the repository a bare #N means (transformers, accelerate); None when unknown
 
     @property
     def limit(self) -> int:
-        return {"pr": PR_WORDS, "issue": ISSUE_WORDS, "note": NOTE_WORDS}[self.kind]
+        return {"pr": PR_WORDS, "issue": ISSUE_WORDS, "comment": COMMENT_WORDS, "note": NOTE_WORDS}[self.kind]
 
 
 def prose(text: str) -> str:
@@ -209,8 +241,68 @@ def upstream_texts(project: Project) -> list[Text]:
         upstream = outside.upstream if outside else _named_upstream(path.stem) or "transformers"
         texts.append(Text(path, "pr" if upstream else "note", upstream or _named_upstream(path.stem)))
     for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
-        texts.append(Text(path, "issue", _named_upstream(path.stem)))
+        texts.append(Text(path, "comment" if path.stem in COMMENTS else "issue", _named_upstream(path.stem)))
     return texts
+
+
+def claims_path(text: Path) -> Path:
+    """The evidence file beside a text: ``docs/pr/x.md`` -> ``docs/pr/x.claims.json``."""
+    return text.with_name(text.stem + CLAIMS_SUFFIX)
+
+
+def _spaced(text: str) -> str:
+    return " ".join(text.split())
+
+
+def claims_problems(project: Project, path: Path, body: str) -> list[str]:
+    """What is wrong with the claims file of the text at ``path``: missing, malformed, empty, a claim the text does
+    not make, evidence that says neither what was run nor what was read."""
+    rel, where = project.rel(path), project.rel(claims_path(path))
+    if not claims_path(path).is_file():
+        return [f"{rel}: no {where} (each factual sentence with what was run or read to show it)"]
+    try:
+        data = json.loads(claims_path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        return [f"{where} is not valid JSON: {e}"]
+    entries = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return [f'{where} must hold {{"claims": [...]}} with at least one claim']
+    problems, text = [], _spaced(body)
+    for i, entry in enumerate(entries, 1):
+        claim = entry.get("claim") if isinstance(entry, dict) else None
+        evidence = entry.get("evidence") if isinstance(entry, dict) else None
+        if not isinstance(claim, str) or not claim.strip():
+            problems.append(f"{where}, claim {i}: no claim")
+        elif _spaced(claim) not in text:
+            problems.append(f"{where}, claim {i}: {rel} does not say {_spaced(claim)[:60]!r}")
+        if not isinstance(evidence, str) or not any(
+            evidence.startswith(kind) and evidence[len(kind) :].strip() for kind in EVIDENCE_KINDS
+        ):
+            problems.append(f"{where}, claim {i}: evidence must say 'ran: <command> -> <output>' or 'read: <source>'")
+    return problems
+
+
+def orphan_claims(project: Project) -> list[str]:
+    """Claims files whose text is gone."""
+    return [
+        f"{project.rel(path)}: its text {path.name[: -len(CLAIMS_SUFFIX)]}.md does not exist"
+        for folder in (PR_DIR, ISSUE_DIR)
+        for path in sorted((project.root / folder).glob("*" + CLAIMS_SUFFIX))
+        if not path.with_name(path.name[: -len(CLAIMS_SUFFIX)] + ".md").is_file()
+    ]
+
+
+def missing_comments(project: Project) -> list[str]:
+    """A registered comment whose PR is in the stack must exist: that PR waits for it."""
+    try:
+        names = {pr.name for pr in load_stack(project)}
+    except ForkError:
+        return []
+    return [
+        f"{ISSUE_DIR}/{stem}.md does not exist: PR {comment.before} waits for this comment on {comment.on}"
+        for stem, comment in COMMENTS.items()
+        if comment.before in names and not (project.root / ISSUE_DIR / f"{stem}.md").is_file()
+    ]
 
 
 def _named_upstream(stem: str) -> str | None:
@@ -243,7 +335,8 @@ def text_problems(project: Project) -> list[str]:
                 problems.append(f"{rel}: cites {repo}#{number}, which is not in {REFERENCES} (look it up first)")
         if text.kind == "pr":
             problems += template_problems(rel, body, text.upstream)
-    return problems
+        problems += claims_problems(project, text.path, body)
+    return problems + orphan_claims(project) + missing_comments(project)
 
 
 def template_problems(rel: str, body: str, upstream: str | None) -> list[str]:
