@@ -17,8 +17,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
 from workbench import cli as fork  # noqa: E402
+from workbench import texts  # noqa: E402
 from workbench.series import ZERO_FROM  # noqa: E402
-from workbench.texts import POLICY_URL, TEMPLATES  # noqa: E402
+from workbench.texts import POLICY_URL, TEMPLATES, Comment  # noqa: E402
 
 
 TRAINER = "".join(f"line {i}\n" for i in range(1, 41))
@@ -101,7 +102,7 @@ def project(tmp_path):
         root / "tests/trainer/test_loss_scale.py",
         "from transformers.loss_scale import restore\n\n\ndef test_restore():\n    assert restore() == 1\n",
     )
-    write(root / "docs/pr/trainer-loss-scale.md", description("Restores the loss scale."))
+    write_text(root / "docs/pr/trainer-loss-scale.md", description("Restores the loss scale."))
     set_stack(root, [pr_entry(PR1, overlay=LOSS_SCALE_FILES, tests=["tests/trainer/test_loss_scale.py"])])
     write(root / ".gitignore", "/build/\n/dist/\n")
     sh(root, "git", "init", "-q")
@@ -133,6 +134,13 @@ def add_to_stack(root: Path, name: str, **lists) -> None:
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def write_text(path: Path, text: str) -> None:
+    """An upstream-bound text and its claims file beside it (every text needs one): its first line, read."""
+    write(path, text)
+    claim = {"claim": text.splitlines()[0], "evidence": "read: owner/repo@1.0 src/x.py:1 says so"}
+    write(texts.claims_path(path), json.dumps({"claims": [claim]}))
 
 
 def run(root: Path, *args: str, install: bool = False) -> int:
@@ -491,8 +499,8 @@ def make_stack(root: Path) -> dict[str, Path]:
     series = (root / "patches/transformers/.patches").read_text(encoding="utf-8").split()
     assert series[0] == patch1.name and len(series) == 2
     (acc_patch,) = (root / "patches/accelerate").glob("*.patch")
-    write(root / "docs/pr/trainer-logging.md", description("Logs the scale."))
-    write(root / "docs/pr/accelerate-skips.md", description("Detects skips.", "accelerate"))
+    write_text(root / "docs/pr/trainer-logging.md", description("Logs the scale."))
+    write_text(root / "docs/pr/accelerate-skips.md", description("Detects skips.", "accelerate"))
     write(root / "docs/source/en/loss_scale.md", "# Loss scale on resume\n\nText.\n")
     entries = json.loads((root / "patches/stack.json").read_text(encoding="utf-8"))
     entries[0]["overlay"].append("docs/source/en/loss_scale.md")
@@ -761,8 +769,8 @@ def test_build_on_an_existing_clone_makes_a_branch_per_pr(project, tmp_path, cap
 
 
 def test_pr_writes_the_issue_drafts_and_tells_the_submitter_how_it_was_made(project, tmp_path, capsys):
-    write(project / "docs/issues/transformers-loss-scale.md", "# Proposal: log the loss scale\n\nWhy.\n")
-    write(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
+    write_text(project / "docs/issues/transformers-loss-scale.md", "# Proposal: log the loss scale\n\nWhy.\n")
+    write_text(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
     entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
     entries[0]["issue_first"] = "docs/issues/transformers-loss-scale.md"
     set_stack(project, entries)
@@ -790,3 +798,79 @@ def test_pr_writes_the_issue_drafts_and_tells_the_submitter_how_it_was_made(proj
     assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 1
     assert "says 'workbench'" in capsys.readouterr().err
     assert "Why." in (out / "issues/transformers-loss-scale.md").read_text(encoding="utf-8")
+
+
+def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    monkeypatch.setitem(
+        texts.COMMENTS, "accelerate-9-comment", Comment("huggingface/accelerate#9", "asks", "accelerate-skips")
+    )
+    entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
+    entries[2]["issue_first"] = "docs/issues/transformers-loss-scale.md"
+    set_stack(project, entries)
+    write_text(project / "docs/issues/transformers-loss-scale.md", "# Proposal: log the loss scale\n\nWhy.\n")
+    write_text(project / "docs/issues/transformers-finding.md", "# A finding\n\nWhat.\n")
+    write_text(project / "docs/issues/transformers-gc-freeze-after-collection.md", "# RFC: gc.freeze\n\nWhy.\n")
+    write_text(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
+    write_text(project / "docs/pr/accelerate-4291-review-note.md", "# Review cases\n\nCases.\n")
+    out = tmp_path / "dist"
+    author = ["--author", "Jane Doe <jane@example.invalid>"]
+    # The accelerate PR waits for the comment: its draft must exist
+    capsys.readouterr()
+    assert run(project, "check") == 1
+    assert "docs/issues/accelerate-9-comment.md does not exist: PR accelerate-skips waits for this comment on " in (
+        capsys.readouterr().err
+    )
+    write_text(project / "docs/issues/accelerate-9-comment.md", "Proposal: read the flag.\n")
+    assert run(project, "pr", "--out", str(out), *author) == 0
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    plan = readme[readme.index("# The plan") : readme.index("# The PR stack")]
+    assert plan.splitlines()[2:] == [
+        "1. Post `issues/accelerate-9-comment.md` as a comment on huggingface/accelerate#9: it asks. Waits for nothing.",
+        "2. Open `01-accelerate-skips` (accelerate). Waits for an answer to the comment on huggingface/accelerate#9 "
+        "(`issues/accelerate-9-comment.md`).",
+        f"3. Open `02-{PR1}` (transformers). Waits for nothing.",
+        "4. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
+        f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
+        "01-accelerate-skips merged (this PR applies on top of it).",
+        "5. Open the issue `issues/transformers-finding.md`. Waits for nothing, but opened after the PRs.",
+        "6. Open the issue `issues/transformers-gc-freeze-after-collection.md`. Waits for nothing, after the PRs.",
+        "7. Open `outside-the-stack/tests-gc-freeze-after-collection.md` ("
+        + texts.OUTSIDE_STACK["tests-gc-freeze-after-collection"].what
+        + "). Waits for an answer to the issue `issues/transformers-gc-freeze-after-collection.md`.",
+        "",
+        "Not in dist/: `docs/pr/accelerate-4291-review-note.md` ("
+        + texts.OUTSIDE_STACK["accelerate-4291-review-note"].what
+        + "): "
+        + texts.OUTSIDE_STACK["accelerate-4291-review-note"].left_out
+        + ".",
+        "",
+    ]
+    assert "- `issues/accelerate-9-comment.md` (a comment on huggingface/accelerate#9, not a new issue)" in readme
+    assert (out / "issues/accelerate-9-comment.md").is_file()
+    assert (out / "outside-the-stack/tests-gc-freeze-after-collection.md").is_file()
+    assert not (out / "outside-the-stack/accelerate-4291-review-note.md").exists()
+
+
+def test_a_prs_edit_of_an_upstream_test_file_ships_beside_its_series(project, tmp_path, capsys):
+    make_stack(project)
+    entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
+    entries[2]["upstream_test_patch"] = "patches/transformers-tests/test_logging_edit.patch"
+    set_stack(project, entries)
+    capsys.readouterr()
+    assert run(project, "check") == 1
+    assert (
+        "patches/stack.json, PR trainer-logging: upstream_test_patch patches/transformers-tests/test_logging_edit.patch "
+        "does not exist" in capsys.readouterr().err
+    )
+    edit = "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1 +1 @@\n-old\n+new\n"
+    write(project / "patches/transformers-tests/test_logging_edit.patch", edit)
+    assert run(project, "check") == 0
+    out = tmp_path / "dist"
+    assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
+    shipped = "03-trainer-logging/upstream-test/test_logging_edit.patch"
+    assert (out / shipped).read_text(encoding="utf-8") == edit
+    assert "test_logging_edit" not in " ".join(p.name for p in (out / "03-trainer-logging").glob("*.patch"))
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert f"`git apply {shipped}`, then commit it as one more commit of this PR" in readme
+    assert "In your clone of upstream main, on the same branch, after `git am`" in readme

@@ -1,6 +1,8 @@
-"""PR output: one folder per PR of the stack under ``dist/`` (its ``git am`` series and PR_DESCRIPTION.md), the issue
-drafts (``dist/issues/``), the texts outside the stack (``dist/outside-the-stack/``) and ``dist/README.md``, which tells
-the submitter how all of it was made and what to do before opening anything. Authored by the contributor, written to a
+"""PR output: one folder per PR of the stack under ``dist/`` (its ``git am`` series, PR_DESCRIPTION.md and, where the PR
+edits an existing upstream test file, that edit as a patch for a clone of upstream main), the issue drafts and comments
+(``dist/issues/``), the texts outside the stack (``dist/outside-the-stack/``) and ``dist/README.md``, which tells the
+submitter how all of it was made, what to do before opening anything, and the plan: what to open in which order, each
+step with what it waits for. Authored by the contributor, written to a
 staging folder and swapped in whole (never half-written)."""
 
 import os
@@ -11,12 +13,13 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import ISSUE_DIR, OUTSIDE_STACK, POLICY_URL, PR_DIR
+from .texts import COMMENTS, ISSUE_DIR, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
 
 
 MARKER = ".workbench-pr"
 ISSUES_OUT = "issues"
 OUTSIDE_OUT = "outside-the-stack"
+UPSTREAM_TEST_OUT = "upstream-test"  # beside the series, not among its *.patch files (`git am <folder>/*.patch`)
 # What dist/README.md tells the submitter before anything else.
 PREAMBLE = f"""# Before you open anything
 
@@ -30,8 +33,8 @@ review. Take the same care with the accelerate PR. So, for each one you open:
    releases named below) and run its tests there yourself.
 3. Rewrite the description or issue text in your own words; keep only what you checked. Tick the checklist items
    that are true for you, and answer the Code Agent Policy checkbox yourself: it is left unticked for you.
-4. Where a folder below says "open the issue first", open that issue draft (from `{ISSUES_OUT}/`) first and wait for a
-   maintainer's answer before opening the PR; link the issue from the PR.
+4. Follow the plan below, one step at a time: a step waits for what it names (a comment or issue answered by a
+   maintainer, a PR merged). Link the issue or comment a PR follows from the PR.
 """
 
 
@@ -48,11 +51,63 @@ def toctree_entries(project: Project, prs: list[PR]) -> list[str]:
     return lines
 
 
+def comments(project: Project) -> dict[str, Comment]:
+    """The registered comments (texts.COMMENTS) whose draft exists, by file stem."""
+    return {stem: c for stem, c in COMMENTS.items() if (project.root / ISSUE_DIR / f"{stem}.md").is_file()}
+
+
+def waits_for(project: Project, prs: list[PR], pr: PR) -> list[str]:
+    """What a PR waits for before it is opened: a comment answered, its issue answered, the PRs it applies on."""
+    waits = [
+        f"an answer to the comment on {c.on} (`{ISSUES_OUT}/{stem}.md`)"
+        for stem, c in comments(project).items()
+        if c.before == pr.name
+    ]
+    if pr.issue_first:
+        waits.append(f"an answer to the issue `{ISSUES_OUT}/{Path(pr.issue_first).name}` (open it first)")
+    by_name = {p.name: p for p in prs}
+    waits += [f"{by_name[dep].folder} merged (this PR applies on top of it)" for dep in pr.depends_on]
+    return waits
+
+
+def plan(project: Project, prs: list[PR]) -> list[str]:
+    """The plan of dist/README.md: the comments first, then the PRs in stack order, then what no PR waits for."""
+    steps = [
+        f"Post `{ISSUES_OUT}/{stem}.md` as a comment on {c.on}: it {c.what}. Waits for nothing."
+        for stem, c in comments(project).items()
+    ]
+    for pr in prs:
+        waits = waits_for(project, prs, pr)
+        steps.append(f"Open `{pr.folder}` ({pr.upstream}). Waits for " + ("; ".join(waits) or "nothing") + ".")
+    waited = {Path(pr.issue_first).name for pr in prs if pr.issue_first} | {f"{s}.md" for s in COMMENTS}
+    waited |= {o.issue_first for o in OUTSIDE_STACK.values() if o.issue_first}
+    for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
+        if path.name not in waited:
+            steps.append(f"Open the issue `{ISSUES_OUT}/{path.name}`. Waits for nothing, but opened after the PRs.")
+    left_out = []
+    for stem, outside in OUTSIDE_STACK.items():
+        if not (project.root / PR_DIR / f"{stem}.md").is_file():
+            continue
+        if outside.left_out:
+            left_out.append(f"Not in dist/: `{PR_DIR}/{stem}.md` ({outside.what}): {outside.left_out}.")
+            continue
+        if outside.issue_first and (project.root / ISSUE_DIR / outside.issue_first).is_file():
+            steps.append(f"Open the issue `{ISSUES_OUT}/{outside.issue_first}`. Waits for nothing, after the PRs.")
+            waits = f"an answer to the issue `{ISSUES_OUT}/{outside.issue_first}`"
+        else:
+            waits = "nothing, after the PRs"
+        steps.append(f"Open `{OUTSIDE_OUT}/{stem}.md` ({outside.what}). Waits for {waits}.")
+    lines = ["# The plan: what to open, in what order", ""]
+    lines += [f"{i}. {step}" for i, step in enumerate(steps, 1)]
+    return lines + ["", *left_out, *([""] if left_out else [])]
+
+
 def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email: str) -> list[str]:
     """Fill ``staging`` with one folder per PR; return the summary lines of dist/README.md."""
     env = contributor_env(name, email)
     summary = [
         PREAMBLE,
+        *plan(project, prs),
         "# The PR stack, in review order (bottom first)",
         "",
         f"Authored by {name} <{email}>. Each folder holds a `git am` series for its upstream at the given level",
@@ -87,6 +142,17 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                 (folder / "PR_DESCRIPTION.md").write_text(text.rstrip() + "\n", encoding="utf-8")
                 added, modified = changed_files(repo, start, end)
                 below = [p.folder for p in dependencies(prs, pr)]
+                test_patch = []
+                if pr.upstream_test_patch:
+                    source = project.root / pr.upstream_test_patch
+                    shipped = f"{pr.folder}/{UPSTREAM_TEST_OUT}/{source.name}"
+                    (folder / UPSTREAM_TEST_OUT).mkdir()
+                    shutil.copyfile(source, staging / shipped)
+                    test_patch = [
+                        f"- edit to an existing upstream test file: `{shipped}` (upstream's tests/ tree is not in the "
+                        "sdist). In your clone of upstream main, on the same branch, after `git am`: "
+                        f"`git apply {shipped}`, then commit it as one more commit of this PR"
+                    ]
                 summary += [
                     f"## {pr.folder}: {pr.title}",
                     "",
@@ -100,6 +166,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     f"- new files: {', '.join(added) or 'none'}",
                     f"- changed files: {', '.join(modified) or 'none'}",
                     f"- tests: {', '.join(pr.tests)}",
+                    *test_patch,
                     "",
                 ]
     summary += write_texts(project, staging)
@@ -120,9 +187,11 @@ def write_texts(project: Project, staging: Path) -> list[str]:
         lines += ["# Issue drafts", "", f"In `{ISSUES_OUT}/`, each to rewrite in your own words before opening:", ""]
         for path in issues:
             shutil.copyfile(path, staging / ISSUES_OUT / path.name)
-            lines.append(f"- `{ISSUES_OUT}/{path.name}`: {first_heading(path)}")
+            comment = COMMENTS.get(path.stem)
+            where = f" (a comment on {comment.on}, not a new issue)" if comment else ""
+            lines.append(f"- `{ISSUES_OUT}/{path.name}`{where}: {first_heading(path)}")
         lines.append("")
-    outside = [project.root / PR_DIR / f"{name}.md" for name in OUTSIDE_STACK]
+    outside = [project.root / PR_DIR / f"{name}.md" for name, o in OUTSIDE_STACK.items() if not o.left_out]
     outside = [path for path in outside if path.is_file()]
     if outside:
         (staging / OUTSIDE_OUT).mkdir()

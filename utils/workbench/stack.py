@@ -51,6 +51,9 @@ class PR:
     # For a PR that only adds tests which pass on the pristine base (a regression test): ``[file, old, new]``, one
     # replacement in the level's library code that must make its tests fail (what they guard).
     mutation: list[str] = field(default_factory=list)
+    # An edit to an existing upstream test file that the sdist lacks (its tests/ tree): a patch file of this repository
+    # for the submitter's clone of upstream main, shipped beside the series.
+    upstream_test_patch: str = ""
 
     @property
     def folder(self) -> str:
@@ -106,6 +109,7 @@ def load_stack(project: Project) -> list[PR]:
             "overlay_message",
             "issue_first",
             "mutation",
+            "upstream_test_patch",
             *lists,
         }
         if unknown:
@@ -120,6 +124,7 @@ def load_stack(project: Project) -> list[PR]:
                 overlay_message=str(entry.get("overlay_message") or ""),
                 issue_first=str(entry.get("issue_first") or ""),
                 mutation=mutation,
+                upstream_test_patch=str(entry.get("upstream_test_patch") or ""),
                 **lists,
             )
         )
@@ -161,6 +166,8 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
             problems.append(f"{where}, PR {pr.name}: description {pr.description} does not exist")
         if pr.issue_first and not (project.root / pr.issue_first).is_file():
             problems.append(f"{where}, PR {pr.name}: issue_first {pr.issue_first} does not exist")
+        if pr.upstream_test_patch and not (project.root / pr.upstream_test_patch).is_file():
+            problems.append(f"{where}, PR {pr.name}: upstream_test_patch {pr.upstream_test_patch} does not exist")
         if not pr.patches and not pr.overlay:
             problems.append(f"{where}, PR {pr.name}: holds no patch and no overlay file")
     for upstream in project.upstreams.values():
