@@ -13,6 +13,7 @@
 # limitations under the License.
 
 import os
+from unittest import mock
 
 from parameterized import parameterized
 
@@ -27,30 +28,47 @@ if is_torch_available():
 
 @require_torch
 class TrainerLoadScalerTest(TestCasePlus):
-    def get_trainer(self, **kwargs):
+    def get_trainer(self, scaler=None, **kwargs):
         args = TrainingArguments(self.get_auto_remove_tmp_dir(), use_cpu=True, report_to=[], **kwargs)
-        return Trainer(torch.nn.Linear(2, 2), args)
+        trainer = Trainer(torch.nn.Linear(2, 2), args)
+        if scaler is not None:  # Accelerate creates no loss scaler for fp16 on CPU
+            trainer.accelerator.scaler = scaler
+        return trainer
 
-    @parameterized.expand([("fp32", {}), ("bf16", {"bf16": True})])
-    def test_fp16_checkpoint_resumed_without_loss_scaling(self, _, precision):
-        checkpoint = self.get_auto_remove_tmp_dir()
-        torch.save(torch.amp.GradScaler("cpu").state_dict(), os.path.join(checkpoint, "scaler.pt"))
-        trainer = self.get_trainer(**precision)
-        self.assertIsNone(trainer.accelerator.scaler)
-
+    def load_scaler(self, trainer, checkpoint):
         with LoggingLevel(logging.INFO), CaptureLogger(logging.get_logger("transformers.trainer")) as cl:
             trainer._load_scaler(checkpoint)
-        self.assertIn(f"Not loading scaler.pt from {checkpoint}", cl.out)
+        return cl.out
+
+    @parameterized.expand([("fp32", {}), ("bf16", {"bf16": True}), ("disabled_scaler", {"fp16": True}, False)])
+    def test_fp16_checkpoint_resumed_without_loss_scaling(self, _, precision, scaler_enabled=None):
+        checkpoint = self.get_auto_remove_tmp_dir()
+        torch.save(torch.amp.GradScaler("cpu", init_scale=256.0).state_dict(), os.path.join(checkpoint, "scaler.pt"))
+        scaler = None if scaler_enabled is None else torch.amp.GradScaler("cpu", enabled=scaler_enabled)
+        trainer = self.get_trainer(scaler, **precision)
+
+        out = self.load_scaler(trainer, checkpoint)
+        self.assertIn(f"Not loading scaler.pt from {checkpoint}", out)
+        if scaler is not None:
+            self.assertEqual(scaler.state_dict(), {})  # a disabled scaler stays disabled
+
+    def test_fp16_resumed_from_checkpoint_with_scaler_state(self):
+        checkpoint = self.get_auto_remove_tmp_dir()
+        torch.save(torch.amp.GradScaler("cpu", init_scale=256.0).state_dict(), os.path.join(checkpoint, "scaler.pt"))
+        trainer = self.get_trainer(torch.amp.GradScaler("cpu"), fp16=True)
+
+        out = self.load_scaler(trainer, checkpoint)
+        self.assertEqual(trainer.accelerator.scaler.get_scale(), 256.0)
+        self.assertNotIn("scaler.pt", out)
 
     def test_fp16_resumed_from_checkpoint_without_scaler_state(self):
         checkpoint = self.get_auto_remove_tmp_dir()  # e.g. saved before #34932
-        trainer = self.get_trainer(fp16=True)
-        # Accelerate creates no loss scaler for fp16 on CPU
-        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+        trainer = self.get_trainer(torch.amp.GradScaler("cpu"), fp16=True)
 
-        with CaptureLogger(logging.get_logger("transformers.trainer")) as cl:
-            trainer._load_scaler(checkpoint)
         self.assertIn(
             f"No scaler.pt in {checkpoint}: the fp16 loss scale restarts at 65536.0, and the first updates may be skipped",
-            cl.out,
+            self.load_scaler(trainer, checkpoint),
         )
+        # Once, from the main process
+        with mock.patch.object(trainer, "is_world_process_zero", return_value=False):
+            self.assertNotIn("scaler.pt", self.load_scaler(trainer, checkpoint))
