@@ -1,15 +1,27 @@
 """pytest plugin: a test that leaves process-global state changed fails, naming what it changed.
 
-``make test`` loads it for the project's tests (``-p pytest_global_state`` with ``utils/`` on the path). Before each
-test's set-up it takes a snapshot of the state that another test of the same pytest worker would inherit: torch's
-default dtype, deterministic-algorithm flags, cuDNN/TF32/matmul-precision flags, grad and anomaly modes, thread counts,
-the environment (``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the
-working directory, the log levels, the ``torch.backends`` modules and the non-daemon threads alive. After the test's
-tear-down it takes another; any difference is an error of that test's tear-down, and the state is put back so that the
-next test starts clean. The snapshot reads only and imports nothing: torch's settings are compared when torch was
-imported before the test's set-up (test modules import it when they are collected).
+``make test`` loads it for the project's tests (``-p pytest_global_state`` with ``utils/`` on the path), and
+``utils/census.py`` for any test tree. Before each test's set-up it takes a snapshot of the state that another test of
+the same pytest worker would inherit: torch's default dtype, deterministic-algorithm flags, cuDNN flags, TF32 and
+matmul precision (through the API the running torch uses: the ``fp32_precision`` settings where torch has them, the
+legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts, the environment
+(``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the working directory,
+the files and folders at the top of the working directory (and of pytest's rootdir where it differs), the log levels,
+the ``torch.backends`` modules and the non-daemon threads alive. After the test's tear-down it takes another; any
+difference is an error of that test's tear-down, and the state is put back so that the next test starts clean (files
+left behind are named, not deleted).
+
+A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
+signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
+fails) is not the test's doing. The snapshot reads only and imports nothing: torch's settings are compared when torch
+was imported before the test's set-up (test modules import it when they are collected). Files are compared by name,
+so under ``pytest -n`` a file one worker's test leaves may be named against a test of another worker.
+
+``--global-state-log FILE`` appends one JSON line per test (``{"test": node id, "changed": [[what, change], ...]}``)
+and one per worker after collection (``{"collected": N}``): what the census reads.
 """
 
+import json
 import logging
 import multiprocessing
 import os
@@ -25,15 +37,72 @@ SIGNALS = [
 ]
 # pytest's own variable, and one that torch sets once, the first time it needs it, whoever asks first.
 IGNORED_ENVIRONMENT = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+# torch >= 2.9: TF32 per backend and per operator. Once one is set, torch's legacy ``allow_tf32`` getters may raise.
+FP32_PRECISION = [
+    "",
+    "cuda.matmul",
+    "cudnn",
+    "cudnn.conv",
+    "cudnn.rnn",
+    "mkldnn",
+    "mkldnn.matmul",
+    "mkldnn.conv",
+    "mkldnn.rnn",
+]
+LEGACY_TF32 = ["cudnn", "cuda.matmul"]
 _SNAPSHOTS = {}
+_SESSION = {"config": None, "folders": {}, "log": None}
+
+
+class Unreadable:
+    """The value of a setting whose getter raised: equal to another when the error reads the same; never set back."""
+
+    def __init__(self, error: Exception):
+        self.text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+    def __eq__(self, other):
+        return isinstance(other, Unreadable) and other.text == self.text
+
+    def __repr__(self):
+        return f"<getter raised {self.text}>"
+
+
+def _read(get):
+    try:
+        return get()
+    except Exception as error:  # noqa: BLE001 - any getter may raise; the snapshot must not
+        return Unreadable(error)
+
+
+def _attribute(owner, path: str):
+    """(getter, setter) of ``owner.<path>`` (dotted), resolved when called."""
+    *parents, name = path.split(".")
+
+    def parent():
+        obj = owner
+        for part in parents:
+            obj = getattr(obj, part)
+        return obj
+
+    return (lambda: getattr(parent(), name)), (lambda value: setattr(parent(), name, value))
+
+
+def _precision(torch) -> list:
+    """(name, getter, setter) of TF32 and fp32 precision through the API this torch uses."""
+    if hasattr(torch.backends, "fp32_precision"):
+        paths = [f"{p}.fp32_precision" if p else "fp32_precision" for p in FP32_PRECISION]
+    else:
+        paths = [f"{p}.allow_tf32" for p in LEGACY_TF32]
+    return [(f"torch.backends.{path}", *_attribute(torch.backends, path)) for path in paths]
 
 
 def _flags():
-    """(name, getter, setter) for each torch setting of the snapshot; none when torch is not imported."""
+    """(name, getter, setter) for each torch setting of the snapshot, in the order they are put back; none when torch
+    is not imported."""
     torch = sys.modules.get("torch")
     if torch is None:
         return []
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled
     return [
         ("torch default dtype", torch.get_default_dtype, torch.set_default_dtype),
@@ -49,27 +118,33 @@ def _flags():
             lambda: cudnn.deterministic,
             lambda v: setattr(cudnn, "deterministic", v),
         ),
-        ("torch.backends.cudnn.allow_tf32", lambda: cudnn.allow_tf32, lambda v: setattr(cudnn, "allow_tf32", v)),
-        (
-            "torch.backends.cuda.matmul.allow_tf32",
-            lambda: matmul.allow_tf32,
-            lambda v: setattr(matmul, "allow_tf32", v),
-        ),
+        # Before the fp32_precision settings, which it derives from on torch >= 2.9: theirs are put back last.
         ("torch float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        *_precision(torch),
         ("torch grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
         ("torch anomaly detection", torch.is_anomaly_enabled, torch.set_anomaly_enabled),
         ("torch intra-op threads", torch.get_num_threads, torch.set_num_threads),
     ]
 
 
+def _entries(folder: str) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.name + ("/" if e.is_dir() else "") for e in entries)
+    except OSError as error:
+        return [repr(Unreadable(error))]
+
+
 def snapshot() -> dict:
-    state = {name: get() for name, get, _ in _flags()}
+    state = {name: _read(get) for name, get, _ in _flags()}
     if "torch" in sys.modules:
-        state["torch inter-op threads"] = sys.modules["torch"].get_num_interop_threads()
+        state["torch inter-op threads"] = _read(sys.modules["torch"].get_num_interop_threads)
     state["environment"] = {k: v for k, v in os.environ.items() if k not in IGNORED_ENVIRONMENT}
     state["signal handlers"] = {signal.Signals(s).name: signal.getsignal(s) for s in SIGNALS}
     state["multiprocessing start method"] = multiprocessing.get_start_method(allow_none=True)
     state["working directory"] = os.getcwd()
+    for label, folder in _SESSION["folders"].items():
+        state[label] = _entries(folder)
     loggers = ["", "transformers", "accelerate", "torch"]
     state["log levels"] = {name or "root": logging.getLogger(name).level for name in loggers}
     state["torch.backends modules"] = sorted(m for m in sys.modules if m.startswith("torch.backends"))
@@ -78,59 +153,124 @@ def snapshot() -> dict:
     return state
 
 
-def differences(before: dict, after: dict) -> list[str]:
-    problems = []
+def _plugin_handler(handler) -> bool:
+    """Whether a signal handler is the default or a function of a registered pytest plugin (conftest files included)."""
+    if handler in (signal.SIG_DFL, None):
+        return True
+    config = _SESSION["config"]
+    module = getattr(handler, "__module__", None)
+    if config is None or module is None:
+        return False
+    return any(getattr(plugin, "__name__", None) == module for plugin in config.pluginmanager.get_plugins())
+
+
+def _describe(value) -> str:
+    function = getattr(value, "__func__", value)
+    if callable(value) and hasattr(function, "__qualname__") and hasattr(function, "__module__"):
+        return f"{function.__module__}.{function.__qualname__}"
+    return repr(value)
+
+
+def changes(before: dict, after: dict) -> list[tuple[str, str]]:
+    """(what changed, how) for each difference between two snapshots."""
+    found = []
     for key in before:
         old, new = before[key], after.get(key)
         if old == new:
             continue
         if key == "multiprocessing start method" and old is None and new == multiprocessing.get_all_start_methods()[0]:
             continue  # asking for the start method fixes it to the platform's default: nothing changed
-        if isinstance(old, dict):
-            changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
-            shown = ", ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in changed)
-            problems.append(f"{key}: {shown}")
+        if key in _SESSION["folders"]:
+            found += [(f"{key}: {name}", "left behind") for name in sorted(set(new) - set(old))]
+        elif isinstance(old, dict):
+            for k in sorted(old.keys() | new.keys()):
+                was, now = old.get(k, "<unset>"), new.get(k, "<unset>")
+                if was == now or (key == "signal handlers" and _plugin_handler(was) and _plugin_handler(now)):
+                    continue  # a plugin's own handler, installed or reset by the plugin: not the test's doing
+                shown = (_describe(was), _describe(now)) if key == "signal handlers" else (repr(was), repr(now))
+                found.append((f"{key}: {k}", " -> ".join(shown)))
         else:
-            problems.append(f"{key}: {old!r} -> {new!r}")
-    return problems
+            found.append((key, f"{old!r} -> {new!r}"))
+    return found
 
 
-def restore(before: dict) -> None:
-    """Puts back what can be put back (not threads, modules or the inter-op thread count)."""
+def differences(before: dict, after: dict) -> list[str]:
+    return [f"{what}: {how}" for what, how in changes(before, after)]
+
+
+def restore(before: dict, changed: list[tuple[str, str]]) -> None:
+    """Puts back what changed and can be put back (not threads, modules, files or the inter-op thread count)."""
     for name, _, set_value in _flags():
-        if name not in before:
+        value = before.get(name)
+        if name not in before or isinstance(value, Unreadable):
             continue
         try:
-            set_value(before[name])
-        except RuntimeError:
+            set_value(value)
+        except Exception:  # noqa: BLE001, S110 - best effort: the difference is reported already
             pass
     for name in set(os.environ) - set(before["environment"]) - IGNORED_ENVIRONMENT:
         del os.environ[name]
     os.environ.update(before["environment"])
+    reported = {what for what, _ in changed}
     for name, handler in before["signal handlers"].items():
-        if handler is not None:
+        if handler is not None and f"signal handlers: {name}" in reported:
             signal.signal(signal.Signals[name], handler)
     os.chdir(before["working directory"])
     for name, level in before["log levels"].items():
         logging.getLogger("" if name == "root" else name).setLevel(level)
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def _log(record: dict) -> None:
+    if _SESSION["log"]:
+        with open(_SESSION["log"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--global-state-log",
+        metavar="FILE",
+        default=None,
+        help="append one JSON line per test: the process-global state it left changed (utils/census.py reads it)",
+    )
+
+
+def pytest_configure(config):
+    _SESSION["config"] = config
+    _SESSION["log"] = config.getoption("--global-state-log")
+    cwd, rootdir = os.getcwd(), str(config.rootpath)
+    _SESSION["folders"] = {"files in the working directory": cwd}
+    if os.path.realpath(rootdir) != os.path.realpath(cwd):
+        _SESSION["folders"]["files in the rootdir"] = rootdir
+
+
+def pytest_collection_finish(session):
+    _log({"collected": len(session.items)})
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
     _SNAPSHOTS[item.nodeid] = snapshot()
-    yield
+    return (yield)
 
 
-@pytest.hookimpl(hookwrapper=True, trylast=True)
+@pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    yield
+    try:
+        return (yield)
+    finally:
+        _check(item)
+
+
+def _check(item) -> None:
     before = _SNAPSHOTS.pop(item.nodeid, None)
     if before is None:
         return
-    problems = differences(before, snapshot())
-    if problems:
-        restore(before)
+    changed = changes(before, snapshot())
+    _log({"test": item.nodeid, "changed": changed})
+    if changed:
+        restore(before, changed)
         raise AssertionError(
             f"{item.nodeid} left process-global state changed (put back for the next test):\n  "
-            + "\n  ".join(problems)
+            + "\n  ".join(f"{what}: {how}" for what, how in changed)
         )

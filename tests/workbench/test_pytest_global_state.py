@@ -1,10 +1,15 @@
 """The global-state plugin (utils/pytest_global_state.py): a test that changes process-global state fails, and the
-next test of the worker starts clean."""
+next test of the worker starts clean; TF32 settings are read through the running torch's API, plugins' own signal
+handlers are not blamed on the test, and files left in the working directory are named."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 
 UTILS = Path(__file__).resolve().parents[2] / "utils"
@@ -35,28 +40,150 @@ def test_3_restores_what_it_changes(monkeypatch):
     torch.set_num_threads(torch.get_num_threads())
 """
 
+# As upstream's root conftest.py: after enable_tf32(False), torch >= 2.9's legacy cudnn.allow_tf32 getter raises.
+TF32_CONFTEST = """
+from transformers.utils import enable_tf32
 
-def test_a_test_that_changes_global_state_fails_and_the_next_starts_clean(tmp_path):
-    (tmp_path / "test_poison.py").write_text(POISON, encoding="utf-8")
+enable_tf32(False)
+"""
+
+TF32_TESTS = """
+import torch
+
+
+def test_1_changes_matmul_precision():
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+
+def test_2_starts_clean():
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
+def test_3_restores_what_it_changes():
+    torch.set_float32_matmul_precision("high")
+    torch.set_float32_matmul_precision("highest")
+"""
+
+# What pytest-timeout does with SIGALRM: installed around each test, reset to SIG_DFL when a test fails.
+FAKE_TIMEOUT_PLUGIN = """
+import signal
+
+import pytest
+
+
+def _on_alarm(signum, frame):
+    pytest.fail("timed out")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        return (yield)
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+def pytest_exception_interact(node):
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+"""
+
+FAILING_TESTS = """
+import signal
+
+
+def test_1_fails():
+    assert False
+
+
+def test_2_passes():
+    pass
+
+
+def test_3_leaves_a_handler():
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+"""
+
+FILE_TESTS = """
+import os
+from pathlib import Path
+
+
+def test_1_leaves_files():
+    Path("leftover").mkdir()
+    Path("out.txt").write_text("x")
+    (Path(os.environ["TEST_ROOTDIR"]) / "in_rootdir").mkdir()
+
+
+def test_2_cleans_up():
+    Path("scratch.txt").write_text("x")
+    Path("scratch.txt").unlink()
+"""
+
+
+def run_pytest(folder: Path, *args: str, **files: str) -> subprocess.CompletedProcess:
+    for name, text in files.items():
+        (folder / name.replace("__", ".")).write_text(text, encoding="utf-8")
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("CUBLAS_WORKSPACE_CONFIG", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")
     }
-    env["PYTHONPATH"] = os.pathsep.join([str(UTILS), env.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider", "-q", "-rA"],
-        cwd=tmp_path,
+    env["PYTHONPATH"] = os.pathsep.join([str(UTILS), str(folder), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider", "-q", "-rA", *args],
+        cwd=folder,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    out = result.stdout
-    assert result.returncode == 1, out
+
+
+def test_a_test_that_changes_global_state_fails_and_the_next_starts_clean(tmp_path):
+    out = run_pytest(tmp_path, test_poison__py=POISON).stdout
     assert "3 passed" in out and "1 error" in out, out
     assert "ERROR at teardown of test_1_leaves_dtype_env_and_signal" in out, out
     assert "torch default dtype: torch.float32 -> torch.float64" in out
     assert "torch deterministic algorithms (enabled, warn_only): (False, False) -> (True, False)" in out
     assert "environment: CUBLAS_WORKSPACE_CONFIG: '<unset>' -> ':4096:8'" in out
     assert "signal handlers: SIGTERM: <Handlers.SIG_DFL: 0> -> <Handlers.SIG_IGN: 1>" in out
+
+
+@pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API")
+def test_tf32_is_read_through_the_fp32_precision_api_after_enable_tf32(tmp_path):
+    out = run_pytest(tmp_path, conftest__py=TF32_CONFTEST, test_tf32__py=TF32_TESTS).stdout
+    assert "3 passed" in out and "1 error" in out, out
+    assert "ERROR at teardown of test_1_changes_matmul_precision" in out, out
+    assert "torch.backends.cuda.matmul.fp32_precision: 'ieee' -> 'tf32'" in out, out
+    # The matmul precision getter raises now (cuda and mkldnn disagree): reported, not a crash.
+    assert "torch float32 matmul precision: 'highest' -> <getter raised RuntimeError" in out, out
+
+
+@pytest.mark.parametrize("plugin", ["imitation", "pytest-timeout"])
+def test_a_plugins_own_signal_handler_is_not_the_tests_leak(tmp_path, plugin):
+    if plugin == "pytest-timeout":
+        if importlib.util.find_spec("pytest_timeout") is None:
+            pytest.skip("pytest-timeout is not installed")
+        args, files = ["--timeout", "60"], {}
+    else:
+        args, files = ["-p", "fake_timeout"], {"fake_timeout__py": FAKE_TIMEOUT_PLUGIN}
+    out = run_pytest(tmp_path, *args, test_failing__py=FAILING_TESTS, **files).stdout
+    assert "1 failed, 2 passed, 1 error" in out, out
+    assert "ERROR at teardown of test_3_leaves_a_handler" in out, out
+    assert "signal handlers: SIGUSR1: <Handlers.SIG_DFL: 0> -> <Handlers.SIG_IGN: 1>" in out, out
+    assert "SIGALRM" not in out, out
+
+
+def test_files_left_in_the_working_directory_and_the_rootdir_are_named(tmp_path, monkeypatch):
+    root, run = tmp_path / "root", tmp_path / "run"
+    root.mkdir()
+    run.mkdir()
+    monkeypatch.setenv("TEST_ROOTDIR", str(root))
+    out = run_pytest(run, "--rootdir", str(root), test_files__py=FILE_TESTS).stdout
+    assert "2 passed, 1 error" in out, out
+    assert "ERROR at teardown of test_1_leaves_files" in out, out
+    assert "files in the working directory: leftover/: left behind" in out, out
+    assert "files in the working directory: out.txt: left behind" in out, out
+    assert "files in the rootdir: in_rootdir/: left behind" in out, out
+    assert "scratch.txt" not in out, out
