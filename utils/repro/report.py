@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import textwrap
 
 import resume_diff
 
@@ -93,6 +94,21 @@ def build_report(options, workers: dict) -> dict:
     }
 
 
+def lr_note(result: dict) -> str | None:
+    """
+    Where a variant's reference run advanced its learning rate on skipped updates (stock's default fused optimizer, in
+    every scenario but fused_skip, whose reference is unfused), says why: its LR curves differ from the other
+    variant's from the first skip on, in the reference and the candidate alike, for the reason fused_skip shows.
+    """
+    advanced = resume_diff.lr_advanced_on_skipped_updates(result["reference_rows"])
+    if not advanced:
+        return None
+    return (
+        f"the LR advanced on the updates its default fused optimizer skipped (steps {format_steps(advanced)}), as in "
+        "fused_skip (the accelerate PR fixes it): not a resume difference"
+    )
+
+
 def print_report(report: dict, options) -> None:
     for number, (scenario, entry) in enumerate(report["scenarios"].items(), start=1):
         print(f"\n=== {number}. {scenario}: {entry['title']}")
@@ -109,6 +125,9 @@ def print_report(report: dict, options) -> None:
             divergence = result["comparison"]["divergence"]
             if divergence is not None and divergence["explanation"]:
                 print(f"  likely cause ({divergence['cause']}): {divergence['explanation']}")
+            note = lr_note(result)
+            if note:
+                print(f"  note: {note}")
             for message in result["messages"]:
                 print(f"  {shorten(message, 200)}")
             if result["status"] == "crashed":
@@ -167,6 +186,11 @@ def plot_report(report: dict, options, path: str) -> None:
                 lost = [v for v in crashed if not entry["variants"][v]["reference_rows"]]
                 what = "no curves" if len(lost) == len(crashed) else "no resumed curve"
                 title += f" ({', '.join(crashed)}: crashed, {what})"
+            if field == "learning_rate":
+                for variant, result in entry["variants"].items():
+                    note = lr_note(result)
+                    if note:
+                        title += "\n" + textwrap.fill(f"{variant}: {note}", 76)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step")
             if column == 0:
