@@ -1,20 +1,44 @@
-"""One-GPU check: CUDA fp16 resume parity (bit-exact) and the per-step cost of Accelerate's fused-skip patch.
+"""One-GPU check: CUDA fp16 resume parity (bit-exact), where determinism state leaks, and the fused-skip patch's cost.
 
-    python3 bench/gpu_check.py --out DIR [--unpack CARRY] [--steps 300] [--repeats 2] [--timeout 280]
+    python3 bench/gpu_check.py --out DIR [--unpack CARRY] [--parts a,b] [--steps 300] [--repeats 2] [--timeout 360]
 
-Writes DIR/gpu_check.json and DIR/gpu_check.txt, both at the end and atomically (temp file + os.replace). Parts:
+Writes DIR/gpu_check.json and DIR/gpu_check.txt, both at the end and atomically (temp file + os.replace). Parts
+(`--parts`, default all, always run in this order):
 
-- parity: `pytest -k accelerator tests/trainer/test_trainer_resume_fp16.py` of the transformers fork, with RUN_SLOW=1
-  and CUBLAS_WORKSPACE_CONFIG=:4096:8; the junit XML gives each test's outcome, duration and failure message (which
-  tensor differs, by how much).
+- parity (a): `pytest -k accelerator tests/trainer/test_trainer_resume_fp16.py` of the transformers fork, with
+  RUN_SLOW=1 and CUBLAS_WORKSPACE_CONFIG=:4096:8: the accelerator variant in a fresh process, through its
+  `run_test_using_subprocess`, with its `full_determinism`; the junit XML gives each test's outcome, duration and
+  failure message (which tensor differs, by how much).
+- parity_after_cublas (b): one pytest process (our `bench/gpu_check_tests/cublas_then_parity.py`, copied to a
+  temporary folder) first runs fp16 and fp32 matmuls on CUDA without CUBLAS_WORKSPACE_CONFIG (cuBLAS' handle and
+  workspace are created then), then the same accelerator parity test in that process (`_INSIDE_SUB_PROCESS=1`; its
+  `full_determinism` then sets the variable and deterministic algorithms). Keys: `bit_exact` (true, false, or null
+  when nothing was compared), `max_abs_diff` (largest absolute difference between resumed and uninterrupted run over
+  all `torch.testing.assert_close` comparisons; "inf" where structures differ), `comparisons`, `warmup` (its outcome
+  and the state before and after it), `parity_runs` (per test: the state before and after, its comparisons), `tests`.
+  Passed only when the warm-up passed first and every comparison was exact; an error when the warm-up did not run.
+- deterministic_leak (c): our `bench/gpu_check_tests/deterministic_leak.py`, run twice: its first test calls
+  transformers' `enable_full_determinism(42)` and restores nothing, its second calls `torch.histc` on CUDA (listed by
+  torch's `use_deterministic_algorithms` docstring as raising in deterministic mode). Keys: `op`, and per mode in
+  `modes` (`in_process`: expected to fail with "does not have a deterministic implementation";
+  `run_test_using_subprocess`, the first test decorated with it: expected to pass) `first_test`, `second_test`,
+  `second_test_message`, `expected_second_test`, `as_expected`, `state_after_first_test` (deterministic algorithms,
+  CUDA_LAUNCH_BLOCKING, CUBLAS_WORKSPACE_CONFIG, _INSIDE_SUB_PROCESS as the second test saw them), `tests`.
 - fused_skip_cost: a ~2M-parameter MLP, `AdamW(fused=True)`, `Accelerator(mixed_precision="fp16")`; ms/step with and
   without injected overflows, stock against patched Accelerate (separate processes, alternated), their ratio, the
   host-device synchronisations per step (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in
   reading `step_was_skipped`, and whether `step_was_skipped` saw the skipped updates (stock misses them).
 
-Every part runs in a child process whose PYTHONPATH starts with the forks' `src` (the stock run: the stock Accelerate
-only) and checks which files it imported. Without CUDA (no nvidia-smi, or torch without CUDA) the parts are recorded as
-skipped with the reason and the exit status is 0. Exit 1: a check failed or errored; 2: bad arguments.
+Each part has a `status` (passed/ok, failed, error, skipped, no_tests) and, unless it passed, a `reason`; the pytest
+parts add `pytest_rc`, `wall_s` and `output_tail`. Each part has its own time limit (150, 150 and 120 s; the benchmark
+takes the rest of --timeout; `PARTS`) and starts only when --timeout still holds its least time (60, 60, 40, 60 s)
+beside the least of every later part; a timeout or a part not started is recorded as an error with its reason, and
+what ran is kept.
+
+Every part runs in child processes whose PYTHONPATH starts with the forks' `src` (the stock run: the stock Accelerate
+only); a probe child checks which files that path imports. Without CUDA (no nvidia-smi, or torch without CUDA) the
+parts are recorded as skipped with the reason and the exit status is 0. Exit 1: a check failed or errored; 2: bad
+arguments.
 
 On the borrowed GPU machine (own Python 3.12, CUDA torch, stock accelerate and transformers, no network, 64 MiB
 carried), prepare here (build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
@@ -25,7 +49,8 @@ carried), prepare here (build/ is git-ignored: it travels only through `carry`; 
     git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # optional, else the preinstalled one
     .venv/bin/python -m zipfile -c $c/parameterized.zip .venv/lib/python3.11/site-packages/parameterized
 
-and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT` with carry=["build/gpu_carry"] (about 10 MiB).
+and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT` with carry=["build/gpu_carry"] (about 11 MiB;
+bench/, the synthetic test files included, is tracked and travels with the working tree).
 `--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (pure-Python packages:
 parameterized, pytest and its dependencies if missing) into a temporary folder, which become the default sources.
 """
@@ -34,6 +59,7 @@ import argparse
 import datetime
 import glob
 import json
+import math
 import os
 import platform
 import re
@@ -56,6 +82,18 @@ from workbench.junit_report import test_cases  # noqa: E402
 
 MARK = "GPU_CHECK_JSON:"
 PARITY_TEST = os.path.join("tests", "trainer", "test_trainer_resume_fp16.py")
+SYNTHETIC_TESTS = os.path.join(REPO_ROOT, "bench", "gpu_check_tests")
+# Kept out of the synthetic tests' pytest: they start without the variables that full_determinism sets
+DETERMINISM_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "_INSIDE_SUB_PROCESS")
+NO_DETERMINISTIC_IMPLEMENTATION = "does not have a deterministic implementation"
+# Each part's own limit in seconds, and the least it needs: a part starts only when the total budget (--timeout) still
+# holds that least for it and for every later part. The benchmark takes what is left.
+PARTS = {
+    "parity": (150, 60),
+    "parity_after_cublas": (150, 60),
+    "deterministic_leak": (120, 40),
+    "fused_skip_cost": (None, 60),
+}
 
 
 def _under(path, root):
@@ -256,6 +294,139 @@ def run_parity(root, pythonpath, timeout):
     return {**res, "tests": tests}
 
 
+def run_synthetic(name, pythonpath, timeout, env=None, pytest_args=()):
+    """Runs our own test file `bench/gpu_check_tests/NAME.py` with pytest, as `test_NAME.py` in a temporary folder
+    (with an empty pytest.ini: no configuration found above it), with PYTHONPATH `pythonpath`, none of
+    DETERMINISM_ENV, `env` added and GPU_CHECK_RECORD naming the JSON file the tests write. Returns (result, tests,
+    record): result with pytest_rc, wall_s and output_tail (status error on a timeout), the junit test cases in the
+    order they ran, and the record ({} when no test wrote one)."""
+    tmp = tempfile.mkdtemp(prefix=f"gpu_check_{name}_")
+    try:
+        shutil.copyfile(os.path.join(SYNTHETIC_TESTS, f"{name}.py"), os.path.join(tmp, f"test_{name}.py"))
+        with open(os.path.join(tmp, "pytest.ini"), "w", encoding="utf-8") as f:
+            f.write("[pytest]\n")
+        child_env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_ENV}
+        child_env.update(PYTHONPATH=os.pathsep.join(pythonpath), GPU_CHECK_RECORD=os.path.join(tmp, "record.json"))
+        child_env.update(env or {})
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA"]
+        cmd += [f"--junitxml={tmp}/junit.xml", f"test_{name}.py", *pytest_args]
+        start = time.perf_counter()
+        rc, out = _run(cmd, child_env, timeout, cwd=tmp)
+        res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
+        tests = test_cases(f"{tmp}/junit.xml")
+        record = {}
+        if os.path.isfile(f"{tmp}/record.json"):
+            with open(f"{tmp}/record.json", encoding="utf-8") as f:
+                record = json.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if rc is None:
+        res.update(status="error", reason=f"pytest timed out after {timeout:.0f} s")
+    return res, tests, record
+
+
+def _number(value):  # JSON has no inf: the largest difference is a number, or "inf" where structures differ
+    return value if math.isfinite(value) else str(value)
+
+
+def run_parity_after_cublas(root, pythonpath, timeout):
+    """Part (b): one pytest process runs a CUDA fp16/fp32 matmul without CUBLAS_WORKSPACE_CONFIG, then the accelerator
+    parity test in the same process (`_INSIDE_SUB_PROCESS=1`), whose assert_close comparisons are measured."""
+    if not os.path.isfile(os.path.join(root, PARITY_TEST)):
+        return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}", "bit_exact": None}
+    env = {"RUN_SLOW": "1", "_INSIDE_SUB_PROCESS": "1", "GPU_CHECK_PARITY_DIR": os.path.join(root, "tests", "trainer")}
+    res, tests, record = run_synthetic("cublas_then_parity", pythonpath, timeout, env, ("-k", "warmup or accelerator"))
+    warmup = [t for t in tests if "warmup" in t["test"]]
+    parity = [t for t in tests if "warmup" not in t["test"]]
+    runs = {k.split(":", 1)[1]: v for k, v in record.items() if k.startswith("parity:")}
+    comparisons = [c for run in runs.values() for c in run["comparisons"]]
+    measured = [float(c) for c in comparisons if not str(c).startswith("not measured")]
+    bit_exact = None
+    if measured and len(measured) == len(comparisons):
+        bit_exact = max(measured) == 0
+    elif measured and max(measured) > 0:
+        bit_exact = False
+    res.update(
+        tests=tests,
+        warmup={"outcome": warmup[0]["outcome"] if warmup else None, **record.get("warmup", {})},
+        parity_runs=runs,
+        comparisons=comparisons,
+        max_abs_diff=_number(max(measured)) if measured else None,
+        bit_exact=bit_exact,
+    )
+    after = [run["state_after"] for run in runs.values()]
+    if after and not all(s["deterministic_algorithms"] and s["CUBLAS_WORKSPACE_CONFIG"] for s in after):
+        res["note"] = "the parity test left deterministic algorithms or CUBLAS_WORKSPACE_CONFIG unset: see parity_runs"
+    outcomes = {t["outcome"] for t in parity}
+    if res.get("status") == "error":
+        pass
+    elif "import_error" in record:
+        res.update(status="error", reason="importing the parity test module failed: " + record["import_error"][-300:])
+    elif tests and {t["outcome"] for t in tests} == {"skipped"}:
+        res.update(status="skipped", reason="; ".join(sorted({t["message"] for t in tests})))
+    elif not parity:
+        res.update(status="no_tests", reason="no test matching 'accelerator' was collected")
+    elif bit_exact is False or outcomes & {"failed", "error"}:
+        diff = f"max abs difference {res['max_abs_diff']}" if bit_exact is False else "no difference measured"
+        res.update(status="failed", reason=f"the parity test after the cuBLAS warm-up: {sorted(outcomes)}, {diff}")
+    elif not warmup or warmup[0]["outcome"] != "passed" or tests.index(warmup[0]) > tests.index(parity[0]):
+        res.update(status="error", reason="the cuBLAS warm-up did not pass before the parity test ran")
+    elif bit_exact is None:
+        res.update(status="error", reason="the parity test passed but no torch.testing.assert_close was measured")
+    else:
+        res["status"] = "passed"
+    return res
+
+
+# Part (c): what the second test is expected to do after the first left deterministic mode on, per mode
+LEAK_MODES = {"in_process": ({}, "failed"), "run_test_using_subprocess": ({"GPU_CHECK_DECORATED": "1"}, "passed")}
+
+
+def run_deterministic_leak(pythonpath, timeout):
+    """Part (c): the first test turns on full determinism and restores nothing; the second calls an op without a
+    deterministic CUDA implementation. In process the second should fail, with the first test decorated pass."""
+    res, deadline = {"modes": {}}, time.monotonic() + timeout
+    for mode, (env, expected) in LEAK_MODES.items():
+        left = deadline - time.monotonic()
+        if left < 10:
+            res["modes"][mode] = {"status": "error", "reason": f"out of this part's {timeout:.0f} s"}
+            continue
+        run, tests, record = run_synthetic("deterministic_leak", pythonpath, left, env)
+        first = next((t for t in tests if "test_1_" in t["test"]), {})
+        second = next((t for t in tests if "test_2_" in t["test"]), {})
+        res["op"] = res.get("op") or record.get("op")
+        run.update(
+            tests=tests,
+            state_after_first_test=record.get("state_after_first_test"),
+            first_test=first.get("outcome"),
+            second_test=second.get("outcome"),
+            second_test_message=second.get("message"),
+            expected_second_test=expected,
+        )
+        if run.get("status") == "error":
+            pass
+        elif first.get("outcome") != "passed" or not second:
+            run.update(
+                status="error", reason=f"the first test {first.get('outcome')}, the second {second.get('outcome')}"
+            )
+        elif second["outcome"] == "skipped":
+            run.update(status="skipped", reason=second.get("message"))
+        else:
+            run["as_expected"] = second["outcome"] == expected and (
+                expected == "passed" or NO_DETERMINISTIC_IMPLEMENTATION in (second.get("message") or "")
+            )
+            run["status"] = "passed" if run["as_expected"] else "failed"
+            if not run["as_expected"]:
+                want = "failed with '" + NO_DETERMINISTIC_IMPLEMENTATION + "'" if expected == "failed" else expected
+                run["reason"] = f"the second test {second['outcome']}, expected {want}"
+        res["modes"][mode] = run
+    for status in ("error", "failed", "skipped"):
+        reasons = [f"{mode}: {m.get('reason')}" for mode, m in res["modes"].items() if m["status"] == status]
+        if reasons:
+            return {**res, "status": status, "reason": "; ".join(reasons)[:600]}
+    return {**res, "status": "passed"}
+
+
 def run_bench(args, patched_src, stock, extra, deadline):
     variants = {"patched": ([patched_src, *extra], {"expect_under": patched_src})}
     if stock.get("same_as_patched"):
@@ -315,6 +486,14 @@ def unpack(carry, tmp):
     return found
 
 
+def _test_lines(tests, indent):
+    lines = []
+    for test in tests:
+        message = " | ".join(test.get("message", "").splitlines())
+        lines.append(f"{indent}{test['outcome']:<7} {test['test']} ({test['duration_s']} s) {message}"[:400])
+    return lines
+
+
 def summary_lines(report):
     m, pk = report["machine"], report["packages"]
     t = m.get("torch", {})
@@ -332,9 +511,25 @@ def summary_lines(report):
         lines.append("  stock and patched resolve to the same files: no stock comparison")
     for part, res in report["parts"].items():
         lines.append(f"{part}: {res['status']}" + "".join(f" - {res[k]}" for k in ("reason", "note") if res.get(k)))
-        for test in res.get("tests", []):
-            message = " | ".join(test.get("message", "").splitlines())
-            lines.append(f"  {test['outcome']:<7} {test['test']} ({test['duration_s']} s) {message}"[:400])
+        lines += _test_lines(res.get("tests", []), "  ")
+        if res.get("bit_exact") is not None or "comparisons" in res:
+            n, warmup = len(res.get("comparisons", [])), res.get("warmup", {}).get("outcome")
+            lines.append(
+                f"  bit_exact {res.get('bit_exact')}, max abs difference {res.get('max_abs_diff')} over {n}"
+                f" comparisons; cuBLAS warm-up {warmup}"
+            )
+        if res.get("op"):
+            lines.append(f"  op: {res['op']}")
+        for mode, m in res.get("modes", {}).items():
+            seen = m.get("state_after_first_test") or {}
+            after = ", ".join(f"{k} {v}" for k, v in seen.items())
+            lines.append(
+                f"  {mode}: {m['status']}, second test {m.get('second_test')}"
+                + f" (expected {m.get('expected_second_test')})"
+                + (f"; after the first test: {after}" if seen else "")
+                + (f" - {m['reason']}" if m.get("reason") else "")
+            )
+            lines += _test_lines(m.get("tests", []), "    ")
         for scen, s in res.get("scenarios", {}).items():
             line = f"  {scen}: ratio patched/stock {s.get('ratio_patched_over_stock')}"
             for name in ("stock", "patched"):
@@ -357,7 +552,8 @@ def main(argv=None):
     parser.add_argument("--stock-accelerate-src", help="default: the accelerate the interpreter imports by itself")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per scenario and repeat")
     parser.add_argument("--repeats", type=int, default=2, help="processes per accelerate variant")
-    parser.add_argument("--timeout", type=float, default=280, help="total wall budget, seconds")
+    parser.add_argument("--timeout", type=float, default=360, help="total wall budget, seconds")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in this order: {','.join(PARTS)}")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -371,6 +567,10 @@ def main(argv=None):
         parser.error("--out DIR is required")
     if args.steps < 16 or args.repeats < 1 or args.timeout <= 0:
         parser.error("--steps must be >= 16, --repeats >= 1, --timeout > 0")
+    wanted = set(args.parts.split(","))
+    if not wanted <= set(PARTS):
+        parser.error(f"--parts: unknown {','.join(sorted(wanted - set(PARTS)))} (known: {','.join(PARTS)})")
+    args.parts = [part for part in PARTS if part in wanted]
     args.out = existing = os.path.abspath(args.out)
     while not os.path.exists(existing):  # the folder that --out would be created in
         existing = os.path.dirname(existing)
@@ -436,17 +636,27 @@ def check(args, srcs, extra):
     if "file" in s and "file" in pk["accelerate"]:
         s["same_as_patched"] = os.path.realpath(s["file"]) == os.path.realpath(pk["accelerate"]["file"])
     skip, parts = _cuda_skip(smi, probe), report.setdefault("parts", {})
-    for part, needs in (("parity", ("transformers", "accelerate")), ("fused_skip_cost", ("accelerate",))):
+    tf_path = [tf_src, acc_src, *extra]
+    for i, part in enumerate(args.parts):
+        needs = ("accelerate",) if part == "fused_skip_cost" else ("transformers", "accelerate")
         errors = [f"{n}: {pk[n]['error']}" for n in needs if "error" in pk[n]]
-        if part == "parity" and not skip:
-            errors += [f"{n} not importable (carry its wheel)" for n, ok in machine["have"].items() if not ok]
+        if part != "fused_skip_cost" and not skip:
+            wanted = ("pytest",) if part == "deterministic_leak" else ("pytest", "parameterized")
+            errors += [f"{n} not importable (carry its wheel)" for n in wanted if not machine["have"].get(n)]
         if part == "fused_skip_cost" and "error" in s:
             errors.append(f"stock accelerate: {s['error']}")
+        cap = PARTS[part][0]
+        left = deadline - time.monotonic() - sum(PARTS[later][1] for later in args.parts[i + 1 :])
         if skip or errors:
             parts[part] = skip or {"status": "error", "reason": "; ".join(errors)}
+        elif left < PARTS[part][1]:
+            parts[part] = {"status": "error", "reason": f"not started: {left:.0f} s of --timeout left for it"}
         elif part == "parity":
-            left = deadline - time.monotonic() - 60  # the rest is kept for the benchmark
-            parts[part] = run_parity(os.path.dirname(tf_src), [tf_src, acc_src, *extra], min(180, left))
+            parts[part] = run_parity(os.path.dirname(tf_src), tf_path, min(cap, left))
+        elif part == "parity_after_cublas":
+            parts[part] = run_parity_after_cublas(os.path.dirname(tf_src), tf_path, min(cap, left))
+        elif part == "deterministic_leak":
+            parts[part] = run_deterministic_leak(tf_path, min(cap, left))
         else:
             parts[part] = run_bench(args, acc_src, s, extra, deadline)
     report["exit_code"] = int(any(p["status"] in ("failed", "error") for p in parts.values()))
