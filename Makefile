@@ -72,3 +72,9 @@ ifneq ($(ACCELERATE_OVERLAY_PY),)
 	$(VENV)/bin/ruff check --config build/accelerate/pyproject.toml $(ACCELERATE_OVERLAY_PY)
 	$(VENV)/bin/ruff format --check --config build/accelerate/pyproject.toml $(ACCELERATE_OVERLAY_PY)
 endif
+
+# Which tests of a tree leave process-global state changed (utils/census.py), e.g. a clone's tests/trainer:
+#   make census TESTS=../transformers/tests/trainer [CENSUS_ARGS="-n 2 -- --timeout 900"]
+.PHONY: census
+census: | $(VPY)
+	$(VPY) utils/census.py $(TESTS) $(CENSUS_ARGS)
