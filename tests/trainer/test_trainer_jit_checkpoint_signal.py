@@ -50,8 +50,13 @@ class JITCheckpointSignalTest(TestCasePlus):
         train_dataset = [{"input_ids": ids, "labels": ids} for ids in input_ids]
         return Trainer(GPT2LMHeadModel(config), args, train_dataset=train_dataset, callbacks=callbacks)
 
-    def test_init_keeps_sigterm_handler(self):
-        self.get_trainer()
+    def get_callback(self, trainer):
+        callback = JITCheckpointCallback()
+        callback.set_trainer(trainer)
+        return callback
+
+    def test_init_and_set_trainer_keep_sigterm_handler(self):
+        self.get_callback(self.get_trainer())
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
     def test_failed_training_restores_sigterm_handler(self):
@@ -62,10 +67,26 @@ class JITCheckpointSignalTest(TestCasePlus):
         self.assertIsInstance(getattr(callback.handler_during_training, "__self__", None), CheckpointManager)
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
+    def test_training_failing_before_train_begin_keeps_sigterm_handler(self):
+        trainer = self.get_trainer()
+        trainer.train_dataset = None
+        with self.assertRaisesRegex(ValueError, "requires a train_dataset"):
+            trainer.train()
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+
+    def test_second_train_begin_keeps_original_handler(self):
+        # e.g. `auto_find_batch_size` restarting training after an out-of-memory error
+        trainer = self.get_trainer()
+        callback = self.get_callback(trainer)
+        callback.on_train_begin(trainer.args, trainer.state, trainer.control)
+        callback.on_train_begin(trainer.args, trainer.state, trainer.control)
+        callback.on_train_end(trainer.args, trainer.state, trainer.control)
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+
     def test_on_train_end_restores_default_handler(self):
         trainer = self.get_trainer()
-        callback = JITCheckpointCallback()
-        callback.set_trainer(trainer)
+        callback = self.get_callback(trainer)
+        callback.on_train_begin(trainer.args, trainer.state, trainer.control)
         # What `signal.signal` returns when the previous handler was not installed from Python
         callback.jit_manager._original_sigterm_handler = None
         callback.on_train_end(trainer.args, trainer.state, trainer.control)
