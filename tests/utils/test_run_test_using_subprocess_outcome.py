@@ -16,13 +16,14 @@ import os
 from unittest import mock
 
 import pytest
-from parameterized import parameterized
 
 from transformers.testing_utils import TestCasePlus, run_test_using_subprocess
 
 
 # The tests `run_test_using_subprocess` runs in its subprocess
 SUBPROCESS_TESTS = """
+import unittest
+
 import pytest
 
 
@@ -32,22 +33,43 @@ def test_skip():
 
 def test_xfail():
     pytest.xfail("xfailed in the subprocess")
+
+
+class SubTests(unittest.TestCase):
+    def test_one_subtest_skipped(self):
+        for i in range(2):
+            with self.subTest(i=i):
+                if i == 0:
+                    self.skipTest("one subtest skipped")
 """
+SKIP_LINE = SUBPROCESS_TESTS.splitlines().index('    pytest.skip("skipped in the subprocess")') + 1
 
 
 class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
-    @parameterized.expand(
-        [
-            ("skip", pytest.skip.Exception, "skipped in the subprocess"),
-            ("xfail", pytest.xfail.Exception, "xfailed in the subprocess"),
-        ]
-    )
-    def test_outcome_in_subprocess_is_reported(self, outcome, exception, reason):
+    def run_in_subprocess(self, test):
+        """What `run_test_using_subprocess` raises (None: nothing) when it runs `test` of `SUBPROCESS_TESTS`."""
         path = os.path.join(self.get_auto_remove_tmp_dir(), "test_in_subprocess.py")
         with open(path, "w", encoding="utf-8") as f:
             f.write(SUBPROCESS_TESTS)
         # The test the decorator runs again in a subprocess is the one pytest is running (no plugins: a faster start)
-        current_test = {"PYTEST_CURRENT_TEST": f"{path}::test_{outcome} (call)", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        with mock.patch.dict(os.environ, current_test), self.assertRaises(exception) as context:
-            run_test_using_subprocess(lambda: None)()
-        self.assertEqual(context.exception.msg, reason)
+        current_test = {"PYTEST_CURRENT_TEST": f"{path}::{test} (call)", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        with mock.patch.dict(os.environ, current_test):
+            try:
+                run_test_using_subprocess(lambda: None)()
+            except (pytest.skip.Exception, pytest.xfail.Exception) as e:
+                return path, e
+        return path, None
+
+    def test_skip_in_subprocess_is_reported(self):
+        path, raised = self.run_in_subprocess("test_skip")
+        self.assertIs(type(raised), pytest.skip.Exception)
+        self.assertEqual(raised.msg, f"{path}:{SKIP_LINE}: skipped in the subprocess")
+
+    def test_xfail_in_subprocess_is_reported(self):
+        _, raised = self.run_in_subprocess("test_xfail")
+        self.assertIs(type(raised), pytest.xfail.Exception)
+        self.assertEqual(raised.msg, "xfailed in the subprocess")
+
+    def test_partly_skipped_subtests_pass(self):
+        _, raised = self.run_in_subprocess("SubTests::test_one_subtest_skipped")
+        self.assertIsNone(raised)
