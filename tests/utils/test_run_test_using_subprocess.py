@@ -24,13 +24,24 @@ class RunTestUsingSubprocessEnvironmentTest(TestCasePlus):
     def test_subprocess_environment_does_not_leak(self):
         path = os.path.join(self.get_auto_remove_tmp_dir(), "test_in_subprocess.py")
         with open(path, "w", encoding="utf-8") as f:
-            f.write("import os\n\n\ndef test_env():\n    assert os.environ['_INSIDE_SUB_PROCESS'] == '1'\n")
-        # The test the decorator runs again in a subprocess is the one pytest is running (no plugins: a faster start)
-        current_test = {"PYTEST_CURRENT_TEST": f"{path}::test_env (call)", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+            f.write(
+                "import os\n\n\ndef test_env():\n"
+                "    assert os.environ['_INSIDE_SUB_PROCESS'] == '1'\n"
+                "    assert os.environ['_FROM_THE_PARENT'] == '1'\n"
+            )
+        # The test the decorator runs again in a subprocess is the one pytest is running (no plugins: a faster start),
+        # and a variable the subprocess inherits
+        current_test = {
+            "PYTEST_CURRENT_TEST": f"{path}::test_env (call)",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "_FROM_THE_PARENT": "1",
+        }
         with mock.patch.dict(os.environ, current_test):
             run_test_using_subprocess(lambda: None)()
 
-        # A later subprocess started with the environment of this process
-        code = "import os; print(os.environ.get('_INSIDE_SUB_PROCESS'))"
-        output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            # Checked before `mock.patch.dict` restores `os.environ`: neither this process's environment nor that of
+            # a later subprocess has the variables of the decorator's subprocess
+            self.assertNotIn("_INSIDE_SUB_PROCESS", os.environ)
+            code = "import os; print(os.environ.get('_INSIDE_SUB_PROCESS'))"
+            output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         self.assertEqual(output.strip(), "None")
