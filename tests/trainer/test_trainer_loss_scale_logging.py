@@ -17,6 +17,10 @@ Training logs carry the fp16 loss scale (`loss_scale`), and only when the loss i
 autocast), as Accelerate does on an accelerator. The overflow is injected by update attempt, not by `global_step`.
 """
 
+from types import SimpleNamespace
+
+from parameterized import parameterized
+
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.testing_utils import TestCasePlus, require_torch, torch_device
 from transformers.utils import is_torch_available
@@ -87,9 +91,22 @@ class TrainerLossScaleLoggingTest(TestCasePlus):
         trainer.train()
         self.check_loss_scale_logs(recorder, 2.0**10, scaler.get_scale())
 
-    def test_no_loss_scale_without_fp16(self):
-        # bf16 and fp32 have no loss scaler: the same code path
+    @parameterized.expand([("fp32", False), ("fp16_with_disabled_scaler", True)])
+    def test_no_loss_scale_without_loss_scaling(self, _, disabled_scaler):
+        # bf16 and fp32 have no loss scaler: the same code path. A disabled scaler reports a scale of 1.0, unused.
         trainer, recorder = self.get_trainer()
+        if disabled_scaler:
+            trainer.accelerator.scaler = torch.amp.GradScaler("cpu", enabled=False)
         trainer.train()
         self.assertGreater(len(recorder.logged_at), 0)
         self.assertFalse(any("loss_scale" in logs for _, logs in recorder.logged_at))
+
+    def test_deepspeed_loss_scale_only_with_fp16(self):
+        # A stand-in for the DeepSpeed engine: its fp16 optimizer holds the loss scale
+        trainer, _ = self.get_trainer()
+        trainer.is_deepspeed_enabled = True
+        for fp16, expected in ((True, 512.0), (False, None)):
+            trainer.deepspeed = SimpleNamespace(
+                fp16_enabled=lambda: fp16, bf16_enabled=lambda: not fp16, optimizer=SimpleNamespace(loss_scale=512)
+            )
+            self.assertEqual(trainer._get_loss_scale(), expected)
