@@ -18,7 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
 from workbench import cli as fork  # noqa: E402
 from workbench import texts  # noqa: E402
+from workbench.pr import waits_for  # noqa: E402
+from workbench.project import load_project  # noqa: E402
 from workbench.series import ZERO_FROM  # noqa: E402
+from workbench.stack import PR  # noqa: E402
 from workbench.texts import POLICY_URL, TEMPLATES, Comment  # noqa: E402
 
 
@@ -813,6 +816,8 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     write_text(project / "docs/issues/transformers-gc-freeze-after-collection.md", "# RFC: gc.freeze\n\nWhy.\n")
     write_text(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
     write_text(project / "docs/pr/accelerate-4291-review-note.md", "# Review cases\n\nCases.\n")
+    write_text(project / "docs/issues/transformers-duplicate.md", "# Reported elsewhere\n\nWhat.\n")
+    monkeypatch.setitem(texts.ISSUES_LEFT_OUT, "transformers-duplicate", "reported in accelerate#9")
     out = tmp_path / "dist"
     author = ["--author", "Jane Doe <jane@example.invalid>"]
     # The accelerate PR waits for the comment: its draft must exist
@@ -833,12 +838,13 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "4. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
         f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
         "01-accelerate-skips merged (this PR applies on top of it).",
-        "5. Open the issue `issues/transformers-finding.md`. Waits for nothing, but opened after the PRs.",
+        "5. Open the issue `issues/transformers-finding.md`. Waits for the PRs above, opened after them.",
         "6. Open the issue `issues/transformers-gc-freeze-after-collection.md`. Waits for nothing, after the PRs.",
         "7. Open `outside-the-stack/tests-gc-freeze-after-collection.md` ("
         + texts.OUTSIDE_STACK["tests-gc-freeze-after-collection"].what
         + "). Waits for an answer to the issue `issues/transformers-gc-freeze-after-collection.md`.",
         "",
+        "Not in dist/: `docs/issues/transformers-duplicate.md` (an issue draft): reported in accelerate#9.",
         "Not in dist/: `docs/pr/accelerate-4291-review-note.md` ("
         + texts.OUTSIDE_STACK["accelerate-4291-review-note"].what
         + "): "
@@ -850,6 +856,23 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     assert (out / "issues/accelerate-9-comment.md").is_file()
     assert (out / "outside-the-stack/tests-gc-freeze-after-collection.md").is_file()
     assert not (out / "outside-the-stack/accelerate-4291-review-note.md").exists()
+    assert not (out / "issues/transformers-duplicate.md").exists()
+
+
+def test_a_pr_waits_for_the_previous_one_of_its_upstream_to_be_reviewed(project):
+    prs = [
+        PR("accelerate-a", "accelerate", "A", 1),
+        PR("transformers-b", "transformers", "B", 2),
+        PR("transformers-c", "transformers", "C", 3),
+        PR("transformers-d", "transformers", "D", 4, depends_on=["transformers-c"]),
+    ]
+    project_ = load_project(project)
+    assert [waits_for(project_, prs, pr) for pr in prs] == [
+        [],
+        [],
+        ["`02-transformers-b` reviewed by a maintainer (one of these PRs open at a time)"],
+        ["03-transformers-c merged (this PR applies on top of it)"],
+    ]
 
 
 def test_a_prs_edit_of_an_upstream_test_file_ships_beside_its_series(project, tmp_path, capsys):
@@ -863,13 +886,17 @@ def test_a_prs_edit_of_an_upstream_test_file_ships_beside_its_series(project, tm
         "patches/stack.json, PR trainer-logging: upstream_test_patch patches/transformers-tests/test_logging_edit.patch "
         "does not exist" in capsys.readouterr().err
     )
-    edit = "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1 +1 @@\n-old\n+new\n"
-    write(project / "patches/transformers-tests/test_logging_edit.patch", edit)
+    diff = "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1 +1 @@\n-old\n+new\n"
+    header = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: Fixed Identity\n <fixed@example.invalid>\nDate: Wed, 2 Dec 2026 00:00:00 +0000\nSubject: Edit the test\n\n---\n"
+    write(project / "patches/transformers-tests/test_logging_edit.patch", header + diff)
     assert run(project, "check") == 0
     out = tmp_path / "dist"
     assert run(project, "pr", "--out", str(out), "--author", "Jane Doe <jane@example.invalid>") == 0
     shipped = "03-trainer-logging/upstream-test/test_logging_edit.patch"
-    assert (out / shipped).read_text(encoding="utf-8") == edit
+    # Authored by the contributor, like the series
+    assert (out / shipped).read_text(encoding="utf-8") == (header + diff).replace(
+        "From: Fixed Identity\n <fixed@example.invalid>", "From: Jane Doe <jane@example.invalid>"
+    )
     assert "test_logging_edit" not in " ".join(p.name for p in (out / "03-trainer-logging").glob("*.patch"))
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert f"`git apply {shipped}`, then commit it as one more commit of this PR" in readme

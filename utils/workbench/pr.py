@@ -13,7 +13,7 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import COMMENTS, ISSUE_DIR, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
+from .texts import COMMENTS, ISSUE_DIR, ISSUES_LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
 
 
 MARKER = ".workbench-pr"
@@ -57,7 +57,8 @@ def comments(project: Project) -> dict[str, Comment]:
 
 
 def waits_for(project: Project, prs: list[PR], pr: PR) -> list[str]:
-    """What a PR waits for before it is opened: a comment answered, its issue answered, the PRs it applies on."""
+    """What a PR waits for before it is opened: a comment answered, its issue answered, the PRs it applies on, and
+    the previous PR of the stack in the same upstream reviewed (one of ours open at a time in each repository)."""
     waits = [
         f"an answer to the comment on {c.on} (`{ISSUES_OUT}/{stem}.md`)"
         for stem, c in comments(project).items()
@@ -67,6 +68,10 @@ def waits_for(project: Project, prs: list[PR], pr: PR) -> list[str]:
         waits.append(f"an answer to the issue `{ISSUES_OUT}/{Path(pr.issue_first).name}` (open it first)")
     by_name = {p.name: p for p in prs}
     waits += [f"{by_name[dep].folder} merged (this PR applies on top of it)" for dep in pr.depends_on]
+    same_upstream = [p for p in prs if p.upstream == pr.upstream]
+    previous = same_upstream[same_upstream.index(pr) - 1] if same_upstream.index(pr) else None
+    if previous is not None and previous.name not in pr.depends_on:
+        waits.append(f"`{previous.folder}` reviewed by a maintainer (one of these PRs open at a time)")
     return waits
 
 
@@ -81,10 +86,12 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
         steps.append(f"Open `{pr.folder}` ({pr.upstream}). Waits for " + ("; ".join(waits) or "nothing") + ".")
     waited = {Path(pr.issue_first).name for pr in prs if pr.issue_first} | {f"{s}.md" for s in COMMENTS}
     waited |= {o.issue_first for o in OUTSIDE_STACK.values() if o.issue_first}
-    for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
-        if path.name not in waited:
-            steps.append(f"Open the issue `{ISSUES_OUT}/{path.name}`. Waits for nothing, but opened after the PRs.")
     left_out = []
+    for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
+        if path.stem in ISSUES_LEFT_OUT:
+            left_out.append(f"Not in dist/: `{ISSUE_DIR}/{path.name}` (an issue draft): {ISSUES_LEFT_OUT[path.stem]}.")
+        elif path.name not in waited:
+            steps.append(f"Open the issue `{ISSUES_OUT}/{path.name}`. Waits for the PRs above, opened after them.")
     for stem, outside in OUTSIDE_STACK.items():
         if not (project.root / PR_DIR / f"{stem}.md").is_file():
             continue
@@ -100,6 +107,17 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
     lines = ["# The plan: what to open, in what order", ""]
     lines += [f"{i}. {step}" for i, step in enumerate(steps, 1)]
     return lines + ["", *left_out, *([""] if left_out else [])]
+
+
+def authored(patch: str, name: str, email: str) -> str:
+    """A ``git format-patch`` text with its ``From:`` header (which may wrap) naming the contributor."""
+    head, sep, body = patch.partition("\nSubject: ")
+    lines = head.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("From: ")), None)
+    if not sep or start is None:
+        return patch  # a plain diff: nobody to rename
+    end = next(i for i in range(start + 1, len(lines) + 1) if i == len(lines) or not lines[i].startswith(" "))
+    return "\n".join([*lines[:start], f"From: {name} <{email}>", *lines[end:]]) + sep + body
 
 
 def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email: str) -> list[str]:
@@ -147,7 +165,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     source = project.root / pr.upstream_test_patch
                     shipped = f"{pr.folder}/{UPSTREAM_TEST_OUT}/{source.name}"
                     (folder / UPSTREAM_TEST_OUT).mkdir()
-                    shutil.copyfile(source, staging / shipped)
+                    (staging / shipped).write_text(authored(source.read_text(encoding="utf-8"), name, email))
                     test_patch = [
                         f"- edit to an existing upstream test file: `{shipped}` (upstream's tests/ tree is not in the "
                         "sdist). In your clone of upstream main, on the same branch, after `git am`: "
@@ -181,7 +199,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
 def write_texts(project: Project, staging: Path) -> list[str]:
     """Copy the issue drafts and the texts outside the stack; return their lines of dist/README.md."""
     lines = []
-    issues = sorted((project.root / ISSUE_DIR).glob("*.md"))
+    issues = [p for p in sorted((project.root / ISSUE_DIR).glob("*.md")) if p.stem not in ISSUES_LEFT_OUT]
     if issues:
         (staging / ISSUES_OUT).mkdir()
         lines += ["# Issue drafts", "", f"In `{ISSUES_OUT}/`, each to rewrite in your own words before opening:", ""]
