@@ -39,8 +39,8 @@ class RunTestUsingSubprocessEnvironmentTest(TestCasePlus):
         with mock.patch.dict(os.environ, current_test):
             run_test_using_subprocess(lambda: None)()
 
-            # Checked before `mock.patch.dict` restores `os.environ`: neither this process's environment nor that of
-            # a later subprocess has the variables of the decorator's subprocess
+            # Checked before `mock.patch.dict` restores `os.environ`: the variables of the decorator's subprocess are
+            # neither in `os.environ` nor in the environment a later subprocess inherits
             self.assertNotIn("_INSIDE_SUB_PROCESS", os.environ)
             code = "import os; print(os.environ.get('_INSIDE_SUB_PROCESS'))"
             output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
