@@ -16,6 +16,7 @@ import os
 from unittest import mock
 
 import pytest
+from packaging import version
 
 from transformers.testing_utils import TestCasePlus, run_test_using_subprocess
 
@@ -70,6 +71,10 @@ class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
         self.assertIs(type(raised), pytest.xfail.Exception)
         self.assertEqual(raised.msg, "xfailed in the subprocess")
 
-    def test_partly_skipped_subtests_pass(self):
+    def test_partly_skipped_subtests_are_reported_as_pytest_reports_them(self):
         _, raised = self.run_in_subprocess("SubTests::test_one_subtest_skipped")
-        self.assertIsNone(raised)
+        # pytest 9 reports a test with only some of its subtests skipped as passed, earlier versions as skipped
+        if version.parse(pytest.__version__).major >= 9:
+            self.assertIsNone(raised)
+        else:
+            self.assertIs(type(raised), pytest.skip.Exception)
