@@ -35,8 +35,9 @@ import pytest
 SIGNALS = [
     getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 ]
-# pytest's own variable, and one that torch sets once, the first time it needs it, whoever asks first.
-IGNORED_ENVIRONMENT = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+# pytest's own variable, and those torch's inductor sets once per process, the first time it needs them, whoever asks
+# first (its cache folder; the address its compiled modules read, set when it loads the first one).
+IGNORED_ENVIRONMENT = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
 # torch >= 2.9: TF32 per backend and per operator. Once one is set, torch's legacy ``allow_tf32`` getters may raise.
 FP32_PRECISION = [
     "",

@@ -187,3 +187,17 @@ def test_files_left_in_the_working_directory_and_the_rootdir_are_named(tmp_path,
     assert "files in the working directory: out.txt: left behind" in out, out
     assert "files in the rootdir: in_rootdir/: left behind" in out, out
     assert "scratch.txt" not in out, out
+
+
+def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "utils"))
+    import pytest_global_state
+
+    before = pytest_global_state.snapshot()
+    monkeypatch.setenv("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "140000000000000")  # what torch.compile sets
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_cache")
+    assert pytest_global_state.differences(before, pytest_global_state.snapshot()) == []
+    monkeypatch.setenv("SOME_OTHER_VARIABLE", "1")
+    assert pytest_global_state.differences(before, pytest_global_state.snapshot()) == [
+        "environment: SOME_OTHER_VARIABLE: '<unset>' -> '1'"
+    ]
