@@ -125,7 +125,8 @@ def main():
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONPATH": str(args.fork.resolve() / "src"),
+        # The fork first; then what the caller's PYTHONPATH adds (e.g. `datasets`, which `test_trainer.py` imports)
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(args.fork.resolve() / "src"), os.environ.get("PYTHONPATH")])),
     }
     env.pop("RUN_SLOW", None)
 
