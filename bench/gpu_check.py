@@ -262,27 +262,34 @@ def _patched(module_file):  # the fused-skip patch keeps the scaler's `found_inf
         return "_found_inf" in f.read()
 
 
+def _pytest(args, env, timeout, cwd, tmp):
+    """Runs `python -m pytest ARGS` in `cwd`, its junit XML written into the folder `tmp`. Returns (result, tests):
+    result with pytest_rc, wall_s and output_tail (status error on a timeout), and the junit test cases in the order
+    they ran."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--junitxml={tmp}/junit.xml", *args]
+    start = time.perf_counter()
+    rc, out = _run(cmd, env, timeout, cwd=cwd)
+    res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
+    if rc is None:
+        res.update(status="error", reason=f"pytest timed out after {timeout:.0f} s")
+    return res, test_cases(f"{tmp}/junit.xml")
+
+
 def run_parity(root, pythonpath, timeout):
     if not os.path.isfile(os.path.join(root, PARITY_TEST)):
         return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}"}
-    tmp = tempfile.mkdtemp(prefix="gpu_check_junit_")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(pythonpath),
         "RUN_SLOW": "1",
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     }
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--junitxml={tmp}/junit.xml"]
-    try:
-        start = time.perf_counter()
-        rc, out = _run([*cmd, PARITY_TEST, "-k", "accelerator"], env, timeout, cwd=root)
-        res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
-        tests = test_cases(f"{tmp}/junit.xml")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_junit_", ignore_cleanup_errors=True) as tmp:
+        res, tests = _pytest([PARITY_TEST, "-k", "accelerator"], env, timeout, root, tmp)
+    rc = res["pytest_rc"]
     outcomes = {t["outcome"] for t in tests}
     if rc is None:
-        res.update(status="error", reason=f"pytest timed out after {timeout:.0f} s")
+        pass  # timed out: already an error
     elif outcomes & {"failed", "error"} or rc not in (0, 5):
         res.update(status="failed", reason=f"pytest exited {rc}")
     elif not tests or rc == 5:
@@ -300,28 +307,18 @@ def run_synthetic(name, pythonpath, timeout, env=None, pytest_args=()):
     DETERMINISM_ENV, `env` added and GPU_CHECK_RECORD naming the JSON file the tests write. Returns (result, tests,
     record): result with pytest_rc, wall_s and output_tail (status error on a timeout), the junit test cases in the
     order they ran, and the record ({} when no test wrote one)."""
-    tmp = tempfile.mkdtemp(prefix=f"gpu_check_{name}_")
-    try:
+    with tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_", ignore_cleanup_errors=True) as tmp:
         shutil.copyfile(os.path.join(SYNTHETIC_TESTS, f"{name}.py"), os.path.join(tmp, f"test_{name}.py"))
         with open(os.path.join(tmp, "pytest.ini"), "w", encoding="utf-8") as f:
             f.write("[pytest]\n")
         child_env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_ENV}
         child_env.update(PYTHONPATH=os.pathsep.join(pythonpath), GPU_CHECK_RECORD=os.path.join(tmp, "record.json"))
         child_env.update(env or {})
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA"]
-        cmd += [f"--junitxml={tmp}/junit.xml", f"test_{name}.py", *pytest_args]
-        start = time.perf_counter()
-        rc, out = _run(cmd, child_env, timeout, cwd=tmp)
-        res = {"pytest_rc": rc, "wall_s": round(time.perf_counter() - start, 1), "output_tail": out[-3000:]}
-        tests = test_cases(f"{tmp}/junit.xml")
+        res, tests = _pytest(["-p", "no:randomly", f"test_{name}.py", *pytest_args], child_env, timeout, tmp, tmp)
         record = {}
         if os.path.isfile(f"{tmp}/record.json"):
             with open(f"{tmp}/record.json", encoding="utf-8") as f:
                 record = json.load(f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if rc is None:
-        res.update(status="error", reason=f"pytest timed out after {timeout:.0f} s")
     return res, tests, record
 
 
