@@ -24,6 +24,7 @@ and one per worker after collection (``{"collected": N}``): what the census read
 import json
 import logging
 import multiprocessing
+import operator
 import os
 import signal
 import sys
@@ -40,17 +41,17 @@ SIGNALS = [
 IGNORED_ENVIRONMENT = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
 # torch >= 2.9: TF32 per backend and per operator. Once one is set, torch's legacy ``allow_tf32`` getters may raise.
 FP32_PRECISION = [
-    "",
-    "cuda.matmul",
-    "cudnn",
-    "cudnn.conv",
-    "cudnn.rnn",
-    "mkldnn",
-    "mkldnn.matmul",
-    "mkldnn.conv",
-    "mkldnn.rnn",
+    "fp32_precision",
+    "cuda.matmul.fp32_precision",
+    "cudnn.fp32_precision",
+    "cudnn.conv.fp32_precision",
+    "cudnn.rnn.fp32_precision",
+    "mkldnn.fp32_precision",
+    "mkldnn.matmul.fp32_precision",
+    "mkldnn.conv.fp32_precision",
+    "mkldnn.rnn.fp32_precision",
 ]
-LEGACY_TF32 = ["cudnn", "cuda.matmul"]
+LEGACY_TF32 = ["cudnn.allow_tf32", "cuda.matmul.allow_tf32"]
 _SNAPSHOTS = {}
 _SESSION = {"config": None, "folders": {}, "log": None}
 
@@ -77,23 +78,14 @@ def _read(get):
 
 def _attribute(owner, path: str):
     """(getter, setter) of ``owner.<path>`` (dotted), resolved when called."""
-    *parents, name = path.split(".")
-
-    def parent():
-        obj = owner
-        for part in parents:
-            obj = getattr(obj, part)
-        return obj
-
-    return (lambda: getattr(parent(), name)), (lambda value: setattr(parent(), name, value))
+    parent, _, name = path.rpartition(".")
+    get_parent = operator.attrgetter(parent) if parent else lambda obj: obj
+    return (lambda: operator.attrgetter(path)(owner)), (lambda value: setattr(get_parent(owner), name, value))
 
 
 def _precision(torch) -> list:
     """(name, getter, setter) of TF32 and fp32 precision through the API this torch uses."""
-    if hasattr(torch.backends, "fp32_precision"):
-        paths = [f"{p}.fp32_precision" if p else "fp32_precision" for p in FP32_PRECISION]
-    else:
-        paths = [f"{p}.allow_tf32" for p in LEGACY_TF32]
+    paths = FP32_PRECISION if hasattr(torch.backends, "fp32_precision") else LEGACY_TF32
     return [(f"torch.backends.{path}", *_attribute(torch.backends, path)) for path in paths]
 
 
