@@ -187,10 +187,6 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
     return found
 
 
-def differences(before: dict, after: dict) -> list[str]:
-    return [f"{what}: {how}" for what, how in changes(before, after)]
-
-
 def restore(before: dict, changed: list[tuple[str, str]]) -> None:
     """Puts back what changed and can be put back (not threads, modules, files or the inter-op thread count)."""
     for name, _, set_value in _flags():

@@ -196,8 +196,8 @@ def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch)
     before = pytest_global_state.snapshot()
     monkeypatch.setenv("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "140000000000000")  # what torch.compile sets
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_cache")
-    assert pytest_global_state.differences(before, pytest_global_state.snapshot()) == []
+    assert pytest_global_state.changes(before, pytest_global_state.snapshot()) == []
     monkeypatch.setenv("SOME_OTHER_VARIABLE", "1")
-    assert pytest_global_state.differences(before, pytest_global_state.snapshot()) == [
-        "environment: SOME_OTHER_VARIABLE: '<unset>' -> '1'"
+    assert pytest_global_state.changes(before, pytest_global_state.snapshot()) == [
+        ("environment: SOME_OTHER_VARIABLE", "'<unset>' -> '1'")
     ]
