@@ -142,16 +142,14 @@ def print_report(report: dict, options) -> None:
 
 def plot_report(report: dict, options, path: str) -> None:
     """Learning rate, loss and loss scale against the step: one row per scenario, reference vs candidate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure, not pyplot: no backend to choose (`matplotlib.use`) and no figure registry, so that plotting
+    # leaves the caller's matplotlib as it was (savefig renders with Agg for a .png).
+    from matplotlib.figure import Figure
 
     scenarios = report["scenarios"]
     # Constrained layout places the figure title above the subplots' titles (tight_layout let them overlap).
-    fig, axes = plt.subplots(
-        len(scenarios), 3, figsize=(15, 3.6 * len(scenarios)), squeeze=False, layout="constrained"
-    )
+    fig = Figure(figsize=(15, 3.6 * len(scenarios)), layout="constrained")
+    axes = fig.subplots(len(scenarios), 3, squeeze=False)
     colors = {"stock": "tab:red", "fork": "tab:blue"}
     markers = {"stock": "x", "fork": "o"}  # distinct, so that overlapping curves stay visible
     for axes_row, (scenario, entry) in zip(axes, scenarios.items()):
@@ -201,7 +199,6 @@ def plot_report(report: dict, options, path: str) -> None:
         fontsize=11,
     )
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def write_report(report: dict, options) -> tuple[str, str]:
