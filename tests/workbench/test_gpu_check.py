@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "bench" / "gpu_check.py"
@@ -140,8 +142,13 @@ def test_benchmark_alternates_the_variants_and_reports_the_ratio(monkeypatch):
 
 # The synthetic test files of parts (b) and (c), run on CPU: what needs CUDA skips with the reason, the rest is real.
 PATH_FORKS = [str(REPO_ROOT / "build" / "transformers" / "src"), str(REPO_ROOT / "build" / "accelerate" / "src")]
+# The tests below assert what the children do without CUDA (the warm-up, histc and the real parity test skip)
+without_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="asserts the outcomes without CUDA; torch.cuda.is_available() is True here"
+)
 
 
+@without_cuda
 def test_parity_after_cublas_on_cpu_collects_both_tests_and_skips_them_with_reasons():
     result = gpu_check.run_parity_after_cublas(str(REPO_ROOT / "build" / "transformers"), PATH_FORKS, 120)
     assert result["pytest_rc"] == 0, result["output_tail"]
@@ -185,6 +192,7 @@ def fake_parity_root(tmp_path, source):
     return str(tmp_path)
 
 
+@without_cuda
 def test_parity_after_cublas_measures_the_comparisons_of_the_parity_test(tmp_path):
     # A stand-in parity module (the real one skips without an accelerator): its comparisons are measured in-process
     root = fake_parity_root(tmp_path / "differs", "DIFFS = (0.0, 0.5)\n" + FAKE_PARITY)
@@ -228,6 +236,7 @@ def test_max_abs_diff_of_nested_records():
     assert max_abs_diff("x", "y") == float("inf")
 
 
+@without_cuda
 def test_deterministic_leak_on_cpu_records_what_the_first_test_leaves(tmp_path):
     result = gpu_check.run_deterministic_leak(PATH_FORKS, 120)
     assert result["op"] == "torch.histc on a CUDA tensor"
