@@ -190,7 +190,7 @@ def test_files_left_in_the_working_directory_and_the_rootdir_are_named(tmp_path,
 
 
 def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "utils"))
+    monkeypatch.syspath_prepend(str(UTILS))
     import pytest_global_state
 
     before = pytest_global_state.snapshot()
