@@ -6,6 +6,7 @@ step with what it waits for. Authored by the contributor, written to a
 staging folder and swapped in whole (never half-written)."""
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -109,15 +110,12 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
     return lines + ["", *left_out, *([""] if left_out else [])]
 
 
-def authored(patch: str, name: str, email: str) -> str:
-    """A ``git format-patch`` text with its ``From:`` header (which may wrap) naming the contributor."""
-    head, sep, body = patch.partition("\nSubject: ")
-    lines = head.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("From: ")), None)
-    if not sep or start is None:
-        return patch  # a plain diff: nobody to rename
-    end = next(i for i in range(start + 1, len(lines) + 1) if i == len(lines) or not lines[i].startswith(" "))
-    return "\n".join([*lines[:start], f"From: {name} <{email}>", *lines[end:]]) + sep + body
+def authored(patch: bytes, name: str, email: str) -> bytes:
+    """A ``git format-patch`` file with its ``From:`` header (which may wrap, as ``Subject:`` does for
+    ``series.patch_subject``) naming the contributor; the rest byte for byte. A plain diff has nobody to rename."""
+    head, sep, body = patch.partition(b"\n\n")
+    author = f"From: {name} <{email}>".encode()
+    return re.sub(rb"^From: .*(?:\n[ \t].*)*", lambda _: author, head, count=1, flags=re.MULTILINE) + sep + body
 
 
 def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email: str) -> list[str]:
@@ -165,7 +163,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     source = project.root / pr.upstream_test_patch
                     shipped = f"{pr.folder}/{UPSTREAM_TEST_OUT}/{source.name}"
                     (folder / UPSTREAM_TEST_OUT).mkdir()
-                    (staging / shipped).write_text(authored(source.read_text(encoding="utf-8"), name, email))
+                    (staging / shipped).write_bytes(authored(source.read_bytes(), name, email))
                     test_patch = [
                         f"- edit to an existing upstream test file: `{shipped}` (upstream's tests/ tree is not in the "
                         "sdist). In your clone of upstream main, on the same branch, after `git am`: "
