@@ -79,12 +79,12 @@ def census(tests: Path, workers: int, pytest_args: list[str]) -> int:
         log, output = Path(scratch) / "global_state.jsonl", Path(scratch) / "pytest.out"
         cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
         cmd += [f"--global-state-log={log}", "-q", "-rN", str(tests.resolve())]
-        cmd += ["-n", str(workers)] if workers else []
+        cmd += (["-n", str(workers)] if workers else []) + pytest_args
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(UTILS), os.environ.get("PYTHONPATH")])))
         print(f"census: {' '.join(cmd[1:])} (in {root})", file=sys.stderr)
         last = [time.monotonic()]
         with open(output, "w", encoding="utf-8") as out:
-            process = subprocess.Popen(cmd + pytest_args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
             while process.poll() is None:
                 time.sleep(1)
                 collected, done = read_log(log)
