@@ -237,7 +237,7 @@ def test_max_abs_diff_of_nested_records():
 
 
 @without_cuda
-def test_deterministic_leak_on_cpu_records_what_the_first_test_leaves(tmp_path):
+def test_deterministic_leak_on_cpu_records_what_the_first_test_leaves():
     result = gpu_check.run_deterministic_leak(PATH_FORKS, 120)
     assert result["op"] == "torch.histc on a CUDA tensor"
     assert result["status"] == "skipped"
