@@ -60,7 +60,8 @@ class Unreadable:
     """The value of a setting whose getter raised: equal to another when the error reads the same; never set back."""
 
     def __init__(self, error: Exception):
-        self.text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        self.text = f"{type(error).__name__}: {first_line}"
 
     def __eq__(self, other):
         return isinstance(other, Unreadable) and other.text == self.text
