@@ -2,7 +2,7 @@
 
 import sys
 
-import resume_diff
+from repro import verdicts
 
 
 ROWS = {
@@ -18,11 +18,7 @@ def result(rows_a, rows_b, status="ok", messages=(), error=None):
         "status": status,
         "error": error,
         "messages": list(messages),
-        "reference_rows": rows_a,
-        "candidate_rows": rows_b,
-        "comparison": resume_diff.compare_histories(history_a, history_b),
-        "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
-        "skipped_steps": [s for s in rows_b if resume_diff.was_skipped(rows_b, s)],
+        **verdicts.compare_rows(history_a, history_b),
     }
 
 

@@ -49,7 +49,6 @@ def compare_variant(scenario: str, worker: dict) -> dict:
     reference, candidate = worker["runs"].get(reference_name), worker["runs"].get(candidate_name)
     history_a, observed_a = _load_run(reference)
     history_b, observed_b = _load_run(candidate)
-    rows_a, rows_b = resume_diff.step_rows(history_a), resume_diff.step_rows(history_b)
     crashed = [run for run in (reference, candidate) if run is not None and run["status"] != "ok"]
     result = {
         "transformers_file": worker.get("transformers_file"),
@@ -60,16 +59,27 @@ def compare_variant(scenario: str, worker: dict) -> dict:
         "messages": candidate["messages"] if candidate else [],
         "other_warnings": candidate["other_warnings"] if candidate else [],
         "loss_scale_observed_by_repro": observed_a or observed_b,
-        "reference_rows": rows_a,
-        "candidate_rows": rows_b,
-        "comparison": resume_diff.compare_histories(history_a, history_b),
-        "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
-        "skipped_steps": [step for step in rows_b if resume_diff.was_skipped(rows_b, step)],
+        **compare_rows(history_a, history_b),
         "processes_hold_the_same_model": candidate.get("processes_hold_the_same_model") if candidate else None,
     }
     result["verdict"] = verdict(scenario, result)
     result["behaves_as_fixed"] = fork_behaves_as_fixed(scenario, result)
     return result
+
+
+def compare_rows(history_a: list[dict], history_b: list[dict]) -> dict:
+    """
+    The step rows of a reference and a candidate log history, their comparison (`resume_diff`), and the candidate's
+    skipped updates with those the LR advanced on: the parts of a variant's result that the verdicts read.
+    """
+    rows_a, rows_b = resume_diff.step_rows(history_a), resume_diff.step_rows(history_b)
+    return {
+        "reference_rows": rows_a,
+        "candidate_rows": rows_b,
+        "comparison": resume_diff.compare_histories(history_a, history_b),
+        "lr_advanced_on_skipped_updates": resume_diff.lr_advanced_on_skipped_updates(rows_b),
+        "skipped_steps": [step for step in rows_b if resume_diff.was_skipped(rows_b, step)],
+    }
 
 
 def _short(value) -> str:
