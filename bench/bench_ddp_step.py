@@ -25,7 +25,10 @@ import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "utils"))
-STOCK_SRC = os.path.join(REPO_ROOT, "build", "stock", "src")
+from repro.workers import DEFAULT_STOCK_SRC, ensure_stock_src  # noqa: E402
+
+
+STOCK_SRC = os.path.join(REPO_ROOT, DEFAULT_STOCK_SRC)
 LAUNCH_TIMEOUT = 600
 OVERFLOW_EVERY = 10
 
@@ -142,8 +145,6 @@ def main(argv=None):
     if args.ddp_run:
         train_and_time(int(args.ddp_run[0]), args.ddp_run[1])
         return
-    from repro.workers import ensure_stock_src
-
     ensure_stock_src(STOCK_SRC)
     medians = {"stock": [], "fork": []}
     with tempfile.TemporaryDirectory() as tmp:
