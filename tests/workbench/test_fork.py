@@ -22,7 +22,7 @@ from workbench.pr import waits_for  # noqa: E402
 from workbench.project import load_project  # noqa: E402
 from workbench.series import ZERO_FROM  # noqa: E402
 from workbench.stack import PR  # noqa: E402
-from workbench.texts import POLICY_URL, TEMPLATES, Comment  # noqa: E402
+from workbench.texts import POLICY_URL, TEMPLATES, Comment, Outside  # noqa: E402
 
 
 TRAINER = "".join(f"line {i}\n" for i in range(1, 41))
@@ -818,6 +818,16 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     write_text(project / "docs/pr/accelerate-4291-review-note.md", "# Review cases\n\nCases.\n")
     write_text(project / "docs/issues/transformers-duplicate.md", "# Reported elsewhere\n\nWhat.\n")
     monkeypatch.setitem(texts.ISSUES_LEFT_OUT, "transformers-duplicate", "reported in accelerate#9")
+    monkeypatch.setitem(
+        texts.OUTSIDE_STACK,
+        "tests-gc-freeze-after-collection",
+        Outside("transformers", "a PR for tests", "transformers-gc-freeze-after-collection.md"),
+    )
+    monkeypatch.setitem(
+        texts.OUTSIDE_STACK,
+        "accelerate-4291-review-note",
+        Outside(None, "review cases", left_out="accelerate#4291's tests cover them"),
+    )
     out = tmp_path / "dist"
     author = ["--author", "Jane Doe <jane@example.invalid>"]
     # The accelerate PR waits for the comment: its draft must exist
@@ -840,16 +850,11 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "01-accelerate-skips merged (this PR applies on top of it).",
         "5. Open the issue `issues/transformers-finding.md`. Waits for the PRs above, opened after them.",
         "6. Open the issue `issues/transformers-gc-freeze-after-collection.md`. Waits for nothing, after the PRs.",
-        "7. Open `outside-the-stack/tests-gc-freeze-after-collection.md` ("
-        + texts.OUTSIDE_STACK["tests-gc-freeze-after-collection"].what
-        + "). Waits for an answer to the issue `issues/transformers-gc-freeze-after-collection.md`.",
+        "7. Open `outside-the-stack/tests-gc-freeze-after-collection.md` (a PR for tests). Waits for an answer to the "
+        "issue `issues/transformers-gc-freeze-after-collection.md`.",
         "",
         "Not in dist/: `docs/issues/transformers-duplicate.md` (an issue draft): reported in accelerate#9.",
-        "Not in dist/: `docs/pr/accelerate-4291-review-note.md` ("
-        + texts.OUTSIDE_STACK["accelerate-4291-review-note"].what
-        + "): "
-        + texts.OUTSIDE_STACK["accelerate-4291-review-note"].left_out
-        + ".",
+        "Not in dist/: `docs/pr/accelerate-4291-review-note.md` (review cases): accelerate#4291's tests cover them.",
         "",
     ]
     assert "- `issues/accelerate-9-comment.md` (a comment on huggingface/accelerate#9, not a new issue)" in readme
