@@ -817,7 +817,7 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     write_text(project / "docs/pr/tests-gc-freeze-after-collection.md", description("Freezes."))
     write_text(project / "docs/pr/accelerate-4291-review-note.md", "# Review cases\n\nCases.\n")
     write_text(project / "docs/issues/transformers-duplicate.md", "# Reported elsewhere\n\nWhat.\n")
-    monkeypatch.setitem(texts.ISSUES_LEFT_OUT, "transformers-duplicate", "reported in accelerate#9")
+    monkeypatch.setitem(texts.LEFT_OUT, "docs/issues/transformers-duplicate.md", "reported in accelerate#9")
     monkeypatch.setitem(
         texts.OUTSIDE_STACK,
         "tests-gc-freeze-after-collection",
@@ -826,8 +826,9 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     monkeypatch.setitem(
         texts.OUTSIDE_STACK,
         "accelerate-4291-review-note",
-        Outside(None, "review cases", left_out="accelerate#4291's tests cover them"),
+        Outside(None, "review cases"),
     )
+    monkeypatch.setitem(texts.LEFT_OUT, "docs/pr/accelerate-4291-review-note.md", "accelerate#4291's tests cover them")
     out = tmp_path / "dist"
     author = ["--author", "Jane Doe <jane@example.invalid>"]
     # The accelerate PR waits for the comment: its draft must exist

@@ -14,7 +14,7 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import COMMENTS, ISSUE_DIR, ISSUES_LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
+from .texts import COMMENTS, ISSUE_DIR, LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
 
 
 MARKER = ".workbench-pr"
@@ -89,15 +89,17 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
     waited |= {o.issue_first for o in OUTSIDE_STACK.values() if o.issue_first}
     left_out = []
     for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
-        if path.stem in ISSUES_LEFT_OUT:
-            left_out.append(f"Not in dist/: `{ISSUE_DIR}/{path.name}` (an issue draft): {ISSUES_LEFT_OUT[path.stem]}.")
+        rel = f"{ISSUE_DIR}/{path.name}"
+        if rel in LEFT_OUT:
+            left_out.append(f"Not in dist/: `{rel}` (an issue draft): {LEFT_OUT[rel]}.")
         elif path.name not in waited:
             steps.append(f"Open the issue `{ISSUES_OUT}/{path.name}`. Waits for the PRs above, opened after them.")
     for stem, outside in OUTSIDE_STACK.items():
-        if not (project.root / PR_DIR / f"{stem}.md").is_file():
+        rel = f"{PR_DIR}/{stem}.md"
+        if not (project.root / rel).is_file():
             continue
-        if outside.left_out:
-            left_out.append(f"Not in dist/: `{PR_DIR}/{stem}.md` ({outside.what}): {outside.left_out}.")
+        if rel in LEFT_OUT:
+            left_out.append(f"Not in dist/: `{rel}` ({outside.what}): {LEFT_OUT[rel]}.")
             continue
         if outside.issue_first and (project.root / ISSUE_DIR / outside.issue_first).is_file():
             steps.append(f"Open the issue `{ISSUES_OUT}/{outside.issue_first}`. Waits for nothing, after the PRs.")
@@ -197,7 +199,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
 def write_texts(project: Project, staging: Path) -> list[str]:
     """Copy the issue drafts and the texts outside the stack; return their lines of dist/README.md."""
     lines = []
-    issues = [p for p in sorted((project.root / ISSUE_DIR).glob("*.md")) if p.stem not in ISSUES_LEFT_OUT]
+    issues = [p for p in sorted((project.root / ISSUE_DIR).glob("*.md")) if f"{ISSUE_DIR}/{p.name}" not in LEFT_OUT]
     if issues:
         (staging / ISSUES_OUT).mkdir()
         lines += ["# Issue drafts", "", f"In `{ISSUES_OUT}/`, each to rewrite in your own words before opening:", ""]
@@ -207,7 +209,7 @@ def write_texts(project: Project, staging: Path) -> list[str]:
             where = f" (a comment on {comment.on}, not a new issue)" if comment else ""
             lines.append(f"- `{ISSUES_OUT}/{path.name}`{where}: {first_heading(path)}")
         lines.append("")
-    outside = [project.root / PR_DIR / f"{name}.md" for name, o in OUTSIDE_STACK.items() if not o.left_out]
+    outside = [project.root / PR_DIR / f"{name}.md" for name in OUTSIDE_STACK if f"{PR_DIR}/{name}.md" not in LEFT_OUT]
     outside = [path for path in outside if path.is_file()]
     if outside:
         (staging / OUTSIDE_OUT).mkdir()

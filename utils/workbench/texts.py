@@ -48,13 +48,11 @@ TEMPLATES = {
 
 class Outside(NamedTuple):
     """A text of ``docs/pr`` outside the stack: its upstream (None for a note that follows no template, a review
-    comment), what it is (for dist/README.md), the issue draft to open before it (None: none) and why it stays out of
-    dist/ (None: it is the plan's late stage)."""
+    comment), what it is (for dist/README.md) and the issue draft to open before it (None: none)."""
 
     upstream: str | None
     what: str
     issue_first: str | None = None
-    left_out: str | None = None
 
 
 OUTSIDE_STACK = {
@@ -67,15 +65,16 @@ OUTSIDE_STACK = {
     "accelerate-4291-review-note": Outside(
         None,
         "review cases to offer on accelerate#4290/#4291 (a comment, not a PR)",
-        left_out="accelerate#4291's own tests (`FSDP2OptimizerScalerStateTest`) already cover its three cases",
     ),
 }
 
 
-# Issue drafts kept in ``docs/issues`` (checked like the others) but not in dist/: why each stays out.
-ISSUES_LEFT_OUT = {
-    "transformers-fused-optimizer-skip": "it reports in transformers what accelerate#4242 already reports; its Trainer-"
-    "level reproduction is for that thread, if a maintainer asks how the Trainer is affected",
+# Texts kept in ``docs/pr`` or ``docs/issues`` (checked like the others) but not in dist/, by path: why each stays out.
+LEFT_OUT = {
+    f"{PR_DIR}/accelerate-4291-review-note.md": "accelerate#4291's own tests (`FSDP2OptimizerScalerStateTest`) already "
+    "cover its three cases",
+    f"{ISSUE_DIR}/transformers-fused-optimizer-skip.md": "it reports in transformers what accelerate#4242 already "
+    "reports; its Trainer-level reproduction is for that thread, if a maintainer asks how the Trainer is affected",
 }
 
 
