@@ -905,5 +905,5 @@ def test_a_prs_edit_of_an_upstream_test_file_ships_beside_its_series(project, tm
     )
     assert "test_logging_edit" not in " ".join(p.name for p in (out / "03-trainer-logging").glob("*.patch"))
     readme = (out / "README.md").read_text(encoding="utf-8")
-    assert f"`git apply {shipped}`, then commit it as one more commit of this PR" in readme
-    assert "In your clone of upstream main, on the same branch, after `git am`" in readme
+    assert f"`git am {shipped}`, one more commit of this PR" in readme
+    assert "In your clone of upstream main, on the same branch, after the series" in readme

@@ -168,8 +168,8 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     (staging / shipped).write_bytes(authored(source.read_bytes(), name, email))
                     test_patch = [
                         f"- edit to an existing upstream test file: `{shipped}` (upstream's tests/ tree is not in the "
-                        "sdist). In your clone of upstream main, on the same branch, after `git am`: "
-                        f"`git apply {shipped}`, then commit it as one more commit of this PR"
+                        "sdist). In your clone of upstream main, on the same branch, after the series: "
+                        f"`git am {shipped}`, one more commit of this PR"
                     ]
                 summary += [
                     f"## {pr.folder}: {pr.title}",
