@@ -10,7 +10,7 @@ A and B are each a run's output directory or a `trainer_state.json` file. For a 
 `checkpoint-N`. Typically A is an uninterrupted run and B the same run resumed from a checkpoint.
 
 What is compared: the per-step entries of `log_history` (the training logs: `loss`, `learning_rate`, `grad_norm`,
-`epoch`, `loss_scale` where the Trainer logs it, `num_skipped_updates` where `repro.py` observed it; evaluation logs at
+`epoch`, `loss_scale` where the Trainer logs it, `num_skipped_updates` where `utils/repro` observed it; evaluation logs at
 the same step are merged in). Values must be equal (bit-exact by default, `--rtol` relaxes floats); two NaNs are equal.
 
 What is ignored, and why:
