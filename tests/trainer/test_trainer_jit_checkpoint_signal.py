@@ -14,9 +14,11 @@
 
 import signal
 
+from parameterized import parameterized
+
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-from transformers.testing_utils import TestCasePlus, require_torch
-from transformers.utils import is_torch_available
+from transformers.testing_utils import CaptureLogger, LoggingLevel, TestCasePlus, require_torch
+from transformers.utils import is_torch_available, logging
 
 
 if is_torch_available():
@@ -29,10 +31,16 @@ def original_sigterm_handler(signum, frame):
     pass
 
 
-class FailingCallback(TrainerCallback):
+class RecordSigtermHandler(TrainerCallback):
+    """Records the SIGTERM handler at each step, and raises `exception` there if given."""
+
+    def __init__(self, exception=None):
+        self.handlers, self.exception = [], exception
+
     def on_step_end(self, args, state, control, **kwargs):
-        self.handler_during_training = signal.getsignal(signal.SIGTERM)
-        raise RuntimeError("training failed")
+        self.handlers.append(signal.getsignal(signal.SIGTERM))
+        if self.exception is not None:
+            raise self.exception
 
 
 @require_torch
@@ -41,11 +49,15 @@ class JITCheckpointSignalTest(TestCasePlus):
         super().setUp()
         self.addCleanup(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, original_sigterm_handler))
 
-    def get_trainer(self, callbacks=None):
+    def get_trainer(self, callbacks=None, enable_jit_checkpoint=True):
         config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2)
         input_ids = torch.randint(0, 32, (8, 8), generator=torch.Generator().manual_seed(0))
         args = TrainingArguments(
-            self.get_auto_remove_tmp_dir(), enable_jit_checkpoint=True, max_steps=2, use_cpu=True, report_to=[]
+            self.get_auto_remove_tmp_dir(),
+            enable_jit_checkpoint=enable_jit_checkpoint,
+            max_steps=2,
+            use_cpu=True,
+            report_to=[],
         )
         train_dataset = [{"input_ids": ids, "labels": ids} for ids in input_ids]
         return Trainer(GPT2LMHeadModel(config), args, train_dataset=train_dataset, callbacks=callbacks)
@@ -55,16 +67,34 @@ class JITCheckpointSignalTest(TestCasePlus):
         callback.set_trainer(trainer)
         return callback
 
-    def test_init_and_set_trainer_keep_sigterm_handler(self):
-        self.get_callback(self.get_trainer())
+    @parameterized.expand([(True,), (False,)])
+    def test_sigterm_handler_while_training_twice(self, enable_jit_checkpoint):
+        callback = RecordSigtermHandler()
+        trainer = self.get_trainer([callback], enable_jit_checkpoint)
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+        for _ in range(2):
+            with (
+                LoggingLevel(logging.INFO),
+                CaptureLogger(logging.get_logger("transformers.trainer_jit_checkpoint")) as cl,
+            ):
+                trainer.train()
+            self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+            self.assertEqual("Restored original SIGTERM handler" in cl.out, enable_jit_checkpoint)
+        if enable_jit_checkpoint:
+            self.assertTrue(
+                all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers)
+            )
+        else:
+            self.assertEqual(callback.handlers, [original_sigterm_handler] * 4)
+        self.assertEqual(len(callback.handlers), 4)
 
-    def test_failed_training_restores_sigterm_handler(self):
-        callback = FailingCallback()
+    @parameterized.expand([("error", RuntimeError("training failed")), ("interrupt", KeyboardInterrupt())])
+    def test_failed_training_restores_sigterm_handler(self, _, exception):
+        callback = RecordSigtermHandler(exception)
         trainer = self.get_trainer(callbacks=[callback])
-        with self.assertRaisesRegex(RuntimeError, "training failed"):
+        with self.assertRaises(type(exception)):
             trainer.train()
-        self.assertIsInstance(getattr(callback.handler_during_training, "__self__", None), CheckpointManager)
+        self.assertIsInstance(getattr(callback.handlers[0], "__self__", None), CheckpointManager)
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
     def test_training_failing_before_train_begin_keeps_sigterm_handler(self):

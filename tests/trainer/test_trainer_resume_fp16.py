@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-Resuming fp16 mixed precision training matches the uninterrupted run bit for bit (#34053).
+Resuming fp16 mixed precision training restores the loss scaler, and matches the uninterrupted run bit for bit (#34053).
 
 On CPU, Accelerate builds no `GradScaler` for fp16, so these tests give the Trainer's accelerator a CPU
 `torch.amp.GradScaler` and turn on its autocast: the forward really runs in fp16 and the loss scale really moves. On an
@@ -25,6 +25,8 @@ from parameterized import parameterized
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.testing_utils import (
+    CaptureLogger,
+    LoggingLevel,
     TestCasePlus,
     require_torch,
     require_torch_accelerator,
@@ -32,7 +34,7 @@ from transformers.testing_utils import (
     run_test_using_subprocess,
     slow,
 )
-from transformers.utils import is_torch_available
+from transformers.utils import is_torch_available, logging
 
 
 if is_torch_available():
@@ -153,6 +155,43 @@ def assert_same_training(resumed, uninterrupted):
     first_attempt = min(resumed[1].trace)
     actual, expected = (training_record(*run, first_attempt) for run in (resumed, uninterrupted))
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+@require_torch
+class TrainerLoadScalerTest(TestCasePlus):
+    def load_scaler(self, precision, scaler=None, scaler_state=None, level=logging.INFO):
+        """`Trainer._load_scaler` on a checkpoint with `scaler_state` (None: no `scaler.pt`), and what it logged."""
+        checkpoint = self.get_auto_remove_tmp_dir()
+        if scaler_state is not None:
+            torch.save(scaler_state, os.path.join(checkpoint, "scaler.pt"))
+        args = TrainingArguments(self.get_auto_remove_tmp_dir(), use_cpu=True, report_to=[], **precision)
+        trainer = Trainer(torch.nn.Linear(2, 2), args)
+        if scaler is not None:  # Accelerate creates no loss scaler for fp16 on CPU
+            trainer.accelerator.scaler = scaler
+        with LoggingLevel(level), CaptureLogger(logging.get_logger("transformers.trainer")) as cl:
+            trainer._load_scaler(checkpoint)
+        return checkpoint, cl.out
+
+    @parameterized.expand([("fp32", {}), ("bf16", {"bf16": True}), ("disabled_scaler", {"fp16": True}, False)])
+    def test_resume_without_loss_scaling(self, _, precision, scaler_enabled=None):
+        scaler = None if scaler_enabled is None else torch.amp.GradScaler("cpu", enabled=scaler_enabled)
+        scaler_state = torch.amp.GradScaler("cpu", init_scale=256.0).state_dict()
+        checkpoint, out = self.load_scaler(precision, scaler, scaler_state)
+        self.assertIn(f"Not loading scaler.pt from {checkpoint}: this run does not scale the loss.", out)
+        self.assertEqual(self.load_scaler(precision, scaler)[1], "")  # no scaler.pt, nothing to say
+
+    def test_resume_with_scaler_state(self):
+        scaler, scaler_state = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu", init_scale=256.0).state_dict()
+        _, out = self.load_scaler({"fp16": True}, scaler, scaler_state)
+        self.assertEqual(scaler.get_scale(), 256.0)
+        self.assertEqual(out, "")
+
+    def test_resume_without_scaler_state(self):
+        # e.g. a checkpoint saved before #34932; logged at the level of the other restores' missing files
+        checkpoint, out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu", init_scale=1024.0))
+        self.assertIn(f"No scaler.pt in {checkpoint}: the fp16 loss scale restarts at 1024.0, and the first", out)
+        out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu"), level=logging.WARNING)[1]
+        self.assertEqual(out, "")
 
 
 @require_torch

@@ -184,6 +184,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     f"- new files: {', '.join(added) or 'none'}",
                     f"- changed files: {', '.join(modified) or 'none'}",
                     f"- tests: {', '.join(pr.tests)}",
+                    *([f"- where its tests belong upstream: `{pr.belongs_in}`"] if pr.belongs_in else []),
                     *test_patch,
                     "",
                 ]

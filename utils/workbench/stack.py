@@ -54,6 +54,8 @@ class PR:
     # An edit to an existing upstream test file that the sdist lacks (its tests/ tree): a patch file of this repository
     # for the submitter's clone of upstream main, shipped beside the series.
     upstream_test_patch: str = ""
+    # The existing upstream test file where the PR's tests belong (its reviewers may ask to move them there).
+    belongs_in: str = ""
 
     @property
     def folder(self) -> str:
@@ -110,6 +112,7 @@ def load_stack(project: Project) -> list[PR]:
             "issue_first",
             "mutation",
             "upstream_test_patch",
+            "belongs_in",
             *lists,
         }
         if unknown:
@@ -125,6 +128,7 @@ def load_stack(project: Project) -> list[PR]:
                 issue_first=str(entry.get("issue_first") or ""),
                 mutation=mutation,
                 upstream_test_patch=str(entry.get("upstream_test_patch") or ""),
+                belongs_in=str(entry.get("belongs_in") or ""),
                 **lists,
             )
         )
