@@ -1,56 +1,70 @@
 """One-GPU check: CUDA fp16 resume parity (bit-exact), where determinism state leaks, and the fused-skip patch's cost.
 
     python3 bench/gpu_check.py --out DIR [--unpack CARRY] [--parts a,b] [--steps 300] [--repeats 2] [--timeout 360]
+                               [--require-cuda]
 
-Writes DIR/gpu_check.json and DIR/gpu_check.txt, both at the end and atomically (temp file + os.replace). Parts
-(`--parts`, default all, always run in this order):
+Writes DIR/gpu_check.json and DIR/gpu_check.txt (each whole: temp file + os.replace) once the probe ran and again after
+every part, so a kill or a crash keeps what finished. Each part runs guarded: an exception in it becomes its record
+(status error, reason, traceback). Parts (`--parts`, default all, always run in this order):
 
-- parity (a): `pytest -k accelerator tests/trainer/test_trainer_resume_fp16.py` of the transformers fork, with
-  RUN_SLOW=1 and CUBLAS_WORKSPACE_CONFIG=:4096:8: the accelerator variant in a fresh process, through its
-  `run_test_using_subprocess`, with its `full_determinism`; the junit XML gives each test's outcome, duration and
-  failure message (which tensor differs, by how much).
-- parity_after_cublas (b): one pytest process (our `bench/gpu_check_tests/cublas_then_parity.py`, copied to a
-  temporary folder) first runs fp16 and fp32 matmuls on CUDA without CUBLAS_WORKSPACE_CONFIG (cuBLAS' handle and
-  workspace are created then), then the same accelerator parity test in that process (`_INSIDE_SUB_PROCESS=1`; its
-  `full_determinism` then sets the variable and deterministic algorithms). Keys: `bit_exact` (true, false, or null
-  when nothing was compared), `max_abs_diff` (largest absolute difference between resumed and uninterrupted run over
-  all `torch.testing.assert_close` comparisons; "inf" where structures differ), `comparisons`, `warmup` (its outcome
-  and the state before and after it), `parity_runs` (per test: the state before and after, its comparisons), `tests`.
-  Passed only when the warm-up passed first and every comparison was exact; an error when the warm-up did not run.
+- parity (a): PARITY_NODE (the accelerator variant of the fork's fp16 resume parity test), one pytest, RUN_SLOW=1, as
+  upstream's CI runs it: none of CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING, _INSIDE_SUB_PROCESS preset (the
+  test's `TrainingArguments(full_determinism=True)` sets them through `enable_full_determinism`, inside the fresh
+  process of its `run_test_using_subprocess`). The junit XML gives the outcome, duration and failure message.
+- parity_after_cublas (b): one pytest process (our `bench/gpu_check_tests/cublas_then_parity.py`) first runs fp16 and
+  fp32 matmuls on CUDA without CUBLAS_WORKSPACE_CONFIG, then the parity test's method in that process
+  (`_INSIDE_SUB_PROCESS=1`). Two outcomes are expected, and `outcome` says which one came:
+  `cublas_config_error`: torch's cuBLAS-configuration RuntimeError ("... it uses CuBLAS and you have CUDA >= 10.2 ...",
+  aten Context.cpp `alertCuBLASConfigNotDeterministic`, which reads the variable once per process, at the first cuBLAS
+  GEMM), recorded with its type, message and where it was raised (`cublas_config_error`); torch 2.13.0 no longer has
+  that check (its Context.h declares no such function), so this outcome needs an older torch. `measured`: the test ran,
+  every `torch.testing.assert_close` bit-exact (`bit_exact`, `max_abs_diff` over `comparisons`). A difference, or any
+  other error, fails the part; the warm-up must have passed first. Where the error came and time is left, the
+  `warn_only_variant` runs the same with `enable_full_determinism(..., warn_only=True)` (the check warns instead), for a
+  bit-exactness number in a used worker; informative, it does not change the part's status.
 - deterministic_leak (c): our `bench/gpu_check_tests/deterministic_leak.py`, run twice: its first test calls
   transformers' `enable_full_determinism(42)` and restores nothing, its second calls `torch.histc` on CUDA (listed by
   torch's `use_deterministic_algorithms` docstring as raising in deterministic mode). Keys: `op`, and per mode in
   `modes` (`in_process`: expected to fail with "does not have a deterministic implementation";
   `run_test_using_subprocess`, the first test decorated with it: expected to pass) `first_test`, `second_test`,
-  `second_test_message`, `expected_second_test`, `as_expected`, `state_after_first_test` (deterministic algorithms,
-  CUDA_LAUNCH_BLOCKING, CUBLAS_WORKSPACE_CONFIG, _INSIDE_SUB_PROCESS as the second test saw them), `tests`.
+  `second_test_message`, `expected_second_test`, `as_expected`, `state_after_first_test`, `tests`.
 - fused_skip_cost: a ~2M-parameter MLP, `AdamW(fused=True)`, `Accelerator(mixed_precision="fp16")`; ms/step with and
-  without injected overflows, stock against patched Accelerate (separate processes, alternated), their ratio, the
-  host-device synchronisations per step (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in
-  reading `step_was_skipped`, and whether `step_was_skipped` saw the skipped updates (stock misses them).
+  without injected overflows, stock against patched Accelerate (separate processes, alternated), the pooled ratio and
+  one ratio per repeat (`ratios_per_repeat`, `ratio_min`, `ratio_max`), host-device synchronisations per step
+  (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in reading `step_was_skipped`, and whether
+  `step_was_skipped` saw the skipped updates (stock misses them). Refused before timing (`check_stock`) when the
+  "stock" accelerate has the fused-skip patch (the fork itself, when no stock archive was carried), the patched one
+  lacks it, their versions differ, or the patched one is not the version patches/config.json pins.
 
-Each part has a `status` (passed/ok, failed, error, skipped, no_tests) and, unless it passed, a `reason`; the pytest
-parts add `pytest_rc`, `wall_s` and `output_tail`. Each part has its own time limit (150, 150 and 120 s; the benchmark
-takes the rest of --timeout; `PARTS`) and starts only when --timeout still holds its least time (60, 60, 40, 60 s)
-beside the least of every later part; a timeout or a part not started is recorded as an error with its reason, and
-what ran is kept.
+Each part has a `status` (passed/ok, failed, error, skipped, no_tests), `expected` and, unless it passed, a `reason`.
+Exit 0 only when every part had its expected outcome: passed (ok), or skipped where --require-cuda is not given;
+`--require-cuda` turns "no GPU" into an error of every part and fails a run where nothing ran on a GPU. Exit 2: bad
+arguments. Each part has its own time limit (150, 150 and 120 s; the benchmark takes the rest of --timeout; `PARTS`)
+and starts only when --timeout still holds its least time (60, 60, 40, 60 s) beside the least of every later part.
+Every child gets HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE and HF_DATASETS_OFFLINE=1 (the device has no network). The
+report records the device: nvidia-smi's name, driver and memory, torch's version, git commit and CUDA build, cuDNN,
+pytest and parameterized, transformers and both accelerates (version and file).
 
-Every part runs in child processes whose PYTHONPATH starts with the forks' `src` (the stock run: the stock Accelerate
-only); a probe child checks which files that path imports. Without CUDA (no nvidia-smi, or torch without CUDA) the
-parts are recorded as skipped with the reason and the exit status is 0. Exit 1: a check failed or errored; 2: bad
-arguments.
+The device run's `timeout_s`: measured here on CPU (2 shared cores) the script's own start (probes, no GPU) takes
+about 10 s, and the parity test's CPU variant about 18 s in process (22 s with its imports). On the GPU each pytest
+part pays torch+transformers imports (about 5-10 s each, twice for part (a): the test re-runs itself in a child);
+the part limits add up to 150 + 150 + 120 s plus the benchmark's share of --timeout. Run with the default
+`--timeout 360` and `timeout_s=420` (the device allows at most 600 s per command and 15 minutes a session, the
+machine's start included): the script then ends by itself, its files written, before the command is killed, and one
+rerun of a single part (`--parts`) still fits.
 
 On the borrowed GPU machine (own Python 3.12, CUDA torch, stock accelerate and transformers, no network, 64 MiB
-carried), prepare here (build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
+carried): first `make fork` here (the carried archives come from build/, which it rebuilds from patches/), then prepare
+(build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
 
     mkdir -p build/gpu_carry; t=build/transformers; a=build/accelerate; c=build/gpu_carry
     rev=$(git -C $t stash create); git -C $t archive ${rev:-HEAD} src tests/trainer pyproject.toml | gzip >$c/transformers.tar.gz
     rev=$(git -C $a stash create); git -C $a archive ${rev:-HEAD} src | gzip >$c/accelerate.tar.gz
-    git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # optional, else the preinstalled one
+    git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # else the preinstalled one, checked
     .venv/bin/python -m zipfile -c $c/parameterized.zip .venv/lib/python3.11/site-packages/parameterized
 
-and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT` with carry=["build/gpu_carry"] (about 11 MiB;
-bench/, the synthetic test files included, is tracked and travels with the working tree).
+and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT --require-cuda` with carry=["build/gpu_carry"]
+(about 11 MiB; bench/, the synthetic test files included, is tracked and travels with the working tree).
 `--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (pure-Python packages:
 parameterized, pytest and its dependencies if missing) into a temporary folder, which become the default sources.
 """
