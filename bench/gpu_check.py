@@ -47,8 +47,8 @@ pytest and parameterized, transformers and both accelerates (version and file).
 
 The device run's `timeout_s`: measured here on CPU (2 shared cores) the script's own start (probes, no GPU) takes
 about 10 s, and the parity test's CPU variant about 18 s in process (22 s with its imports). On the GPU each pytest
-part pays torch+transformers imports (about 5-10 s each, twice for part (a): the test re-runs itself in a child);
-the part limits add up to 150 + 150 + 120 s plus the benchmark's share of --timeout. Run with the default
+part also pays torch+transformers imports (twice for part (a): the test re-runs itself in a child; not measured on a
+GPU); the part limits add up to 150 + 150 + 120 s plus the benchmark's share of --timeout. Run with the default
 `--timeout 360` and `timeout_s=420` (the device allows at most 600 s per command and 15 minutes a session, the
 machine's start included): the script then ends by itself, its files written, before the command is killed, and one
 rerun of a single part (`--parts`) still fits.
