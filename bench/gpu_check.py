@@ -1,62 +1,77 @@
 """One-GPU check: CUDA fp16 resume parity (bit-exact), where determinism state leaks, and the fused-skip patch's cost.
 
     python3 bench/gpu_check.py --out DIR [--unpack CARRY] [--parts a,b] [--steps 300] [--repeats 2] [--timeout 360]
+                               [--require-cuda]
 
-Writes DIR/gpu_check.json and DIR/gpu_check.txt, both at the end and atomically (temp file + os.replace). Parts
-(`--parts`, default all, always run in this order):
+Writes DIR/gpu_check.json and DIR/gpu_check.txt (each whole: temp file + os.replace) once the probe ran and again after
+every part, so a kill or a crash keeps what finished. Each part runs guarded: an exception in it becomes its record
+(status error, reason, traceback). Parts (`--parts`, default all, always run in this order):
 
-- parity (a): `pytest -k accelerator tests/trainer/test_trainer_resume_fp16.py` of the transformers fork, with
-  RUN_SLOW=1 and CUBLAS_WORKSPACE_CONFIG=:4096:8: the accelerator variant in a fresh process, through its
-  `run_test_using_subprocess`, with its `full_determinism`; the junit XML gives each test's outcome, duration and
-  failure message (which tensor differs, by how much).
-- parity_after_cublas (b): one pytest process (our `bench/gpu_check_tests/cublas_then_parity.py`, copied to a
-  temporary folder) first runs fp16 and fp32 matmuls on CUDA without CUBLAS_WORKSPACE_CONFIG (cuBLAS' handle and
-  workspace are created then), then the same accelerator parity test in that process (`_INSIDE_SUB_PROCESS=1`; its
-  `full_determinism` then sets the variable and deterministic algorithms). Keys: `bit_exact` (true, false, or null
-  when nothing was compared), `max_abs_diff` (largest absolute difference between resumed and uninterrupted run over
-  all `torch.testing.assert_close` comparisons; "inf" where structures differ), `comparisons`, `warmup` (its outcome
-  and the state before and after it), `parity_runs` (per test: the state before and after, its comparisons), `tests`.
-  Passed only when the warm-up passed first and every comparison was exact; an error when the warm-up did not run.
+- parity (a): PARITY_NODE (the accelerator variant of the fork's fp16 resume parity test), one pytest, RUN_SLOW=1, as
+  upstream's CI runs it: none of CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING, _INSIDE_SUB_PROCESS preset (the
+  test's `TrainingArguments(full_determinism=True)` sets them through `enable_full_determinism`, inside the fresh
+  process of its `run_test_using_subprocess`). The junit XML gives the outcome, duration and failure message.
+- parity_after_cublas (b): one pytest process (our `bench/gpu_check_tests/cublas_then_parity.py`) first runs fp16 and
+  fp32 matmuls on CUDA without CUBLAS_WORKSPACE_CONFIG, then the parity test's method in that process
+  (`_INSIDE_SUB_PROCESS=1`). Two outcomes are expected, and `outcome` says which one came:
+  `cublas_config_error`: torch's cuBLAS-configuration RuntimeError ("... it uses CuBLAS and you have CUDA >= 10.2 ...",
+  aten Context.cpp `alertCuBLASConfigNotDeterministic`, which reads the variable once per process, at the first cuBLAS
+  GEMM), recorded with its type, message and where it was raised (`cublas_config_error`); torch 2.13.0 no longer has
+  that check (its Context.h declares no such function), so this outcome needs an older torch. `measured`: the test ran,
+  every `torch.testing.assert_close` bit-exact (`bit_exact`, `max_abs_diff` over `comparisons`). A difference, or any
+  other error, fails the part; the warm-up must have passed first. Where the error came and time is left, the
+  `warn_only_variant` runs the same with `enable_full_determinism(..., warn_only=True)` (the check warns instead), for a
+  bit-exactness number in a used worker; informative, it does not change the part's status.
 - deterministic_leak (c): our `bench/gpu_check_tests/deterministic_leak.py`, run twice: its first test calls
   transformers' `enable_full_determinism(42)` and restores nothing, its second calls `torch.histc` on CUDA (listed by
   torch's `use_deterministic_algorithms` docstring as raising in deterministic mode). Keys: `op`, and per mode in
   `modes` (`in_process`: expected to fail with "does not have a deterministic implementation";
   `run_test_using_subprocess`, the first test decorated with it: expected to pass) `first_test`, `second_test`,
-  `second_test_message`, `expected_second_test`, `as_expected`, `state_after_first_test` (deterministic algorithms,
-  CUDA_LAUNCH_BLOCKING, CUBLAS_WORKSPACE_CONFIG, _INSIDE_SUB_PROCESS as the second test saw them), `tests`.
+  `second_test_message`, `expected_second_test`, `as_expected`, `state_after_first_test`, `tests`.
 - fused_skip_cost: a ~2M-parameter MLP, `AdamW(fused=True)`, `Accelerator(mixed_precision="fp16")`; ms/step with and
-  without injected overflows, stock against patched Accelerate (separate processes, alternated), their ratio, the
-  host-device synchronisations per step (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in
-  reading `step_was_skipped`, and whether `step_was_skipped` saw the skipped updates (stock misses them).
+  without injected overflows, stock against patched Accelerate (separate processes, alternated), the pooled ratio and
+  one ratio per repeat (`ratios_per_repeat`, `ratio_min`, `ratio_max`), host-device synchronisations per step
+  (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in reading `step_was_skipped`, and whether
+  `step_was_skipped` saw the skipped updates (stock misses them). Refused before timing (`check_stock`) when the
+  "stock" accelerate has the fused-skip patch (the fork itself, when no stock archive was carried), the patched one
+  lacks it, their versions differ, or the patched one is not the version patches/config.json pins.
 
-Each part has a `status` (passed/ok, failed, error, skipped, no_tests) and, unless it passed, a `reason`; the pytest
-parts add `pytest_rc`, `wall_s` and `output_tail`. Each part has its own time limit (150, 150 and 120 s; the benchmark
-takes the rest of --timeout; `PARTS`) and starts only when --timeout still holds its least time (60, 60, 40, 60 s)
-beside the least of every later part; a timeout or a part not started is recorded as an error with its reason, and
-what ran is kept.
+Each part has a `status` (passed/ok, failed, error, skipped, no_tests), `expected` and, unless it passed, a `reason`.
+Exit 0 only when every part had its expected outcome: passed (ok), or skipped where --require-cuda is not given;
+`--require-cuda` turns "no GPU" into an error of every part and fails a run where nothing ran on a GPU. Exit 2: bad
+arguments. Each part has its own time limit (150, 150 and 120 s; the benchmark takes the rest of --timeout; `PARTS`)
+and starts only when --timeout still holds its least time (60, 60, 40, 60 s) beside the least of every later part.
+Every child gets HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE and HF_DATASETS_OFFLINE=1 (the device has no network). The
+report records the device: nvidia-smi's name, driver and memory, torch's version, git commit and CUDA build, cuDNN,
+pytest and parameterized, transformers and both accelerates (version and file).
 
-Every part runs in child processes whose PYTHONPATH starts with the forks' `src` (the stock run: the stock Accelerate
-only); a probe child checks which files that path imports. Without CUDA (no nvidia-smi, or torch without CUDA) the
-parts are recorded as skipped with the reason and the exit status is 0. Exit 1: a check failed or errored; 2: bad
-arguments.
+The device run's `timeout_s`: measured here on CPU (2 shared cores) the script's own start (probes, no GPU) takes
+about 10 s, and the parity test's CPU variant about 18 s in process (22 s with its imports). On the GPU each pytest
+part also pays torch+transformers imports (twice for part (a): the test re-runs itself in a child; not measured on a
+GPU); the part limits add up to 150 + 150 + 120 s plus the benchmark's share of --timeout. Run with the default
+`--timeout 360` and `timeout_s=420` (the device allows at most 600 s per command and 15 minutes a session, the
+machine's start included): the script then ends by itself, its files written, before the command is killed, and one
+rerun of a single part (`--parts`) still fits.
 
 On the borrowed GPU machine (own Python 3.12, CUDA torch, stock accelerate and transformers, no network, 64 MiB
-carried), prepare here (build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
+carried): first `make fork` here (the carried archives come from build/, which it rebuilds from patches/), then prepare
+(build/ is git-ignored: it travels only through `carry`; `stash create` takes uncommitted edits):
 
     mkdir -p build/gpu_carry; t=build/transformers; a=build/accelerate; c=build/gpu_carry
     rev=$(git -C $t stash create); git -C $t archive ${rev:-HEAD} src tests/trainer pyproject.toml | gzip >$c/transformers.tar.gz
     rev=$(git -C $a stash create); git -C $a archive ${rev:-HEAD} src | gzip >$c/accelerate.tar.gz
-    git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # optional, else the preinstalled one
+    git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # else the preinstalled one, checked
     .venv/bin/python -m zipfile -c $c/parameterized.zip .venv/lib/python3.11/site-packages/parameterized
 
-and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT` with carry=["build/gpu_carry"] (about 11 MiB;
-bench/, the synthetic test files included, is tracked and travels with the working tree).
+and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT --require-cuda` with carry=["build/gpu_carry"]
+(about 11 MiB; bench/, the synthetic test files included, is tracked and travels with the working tree).
 `--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (pure-Python packages:
 parameterized, pytest and its dependencies if missing) into a temporary folder, which become the default sources.
 """
 
 import argparse
 import datetime
+import functools
 import glob
 import json
 import math
@@ -81,7 +96,14 @@ from workbench.junit_report import test_cases  # noqa: E402
 
 
 MARK = "GPU_CHECK_JSON:"
-PARITY_TEST = os.path.join("tests", "trainer", "test_trainer_resume_fp16.py")
+# The accelerator parity test, as a pytest node id relative to the transformers fork's root: the one place to change
+# when the test moves. Part (a) runs this node; part (b) imports its file and class and runs its method.
+PARITY_NODE = "tests/trainer/test_trainer_resume_fp16.py::TrainerResumeFp16Test::test_resume_matches_uninterrupted_run_on_accelerator"
+# Every child runs offline: the device has no network, and a Hub call would wait until its timeout
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# A fragment of the RuntimeError of torch's cuBLAS-configuration check (aten Context.cpp,
+# `alertCuBLASConfigNotDeterministic`; gone in newer torch, see the docstring)
+CUBLAS_CONFIG_ERROR = "it uses CuBLAS and you have CUDA >= 10.2"
 SYNTHETIC_TESTS = os.path.join(REPO_ROOT, "bench", "gpu_check_tests")
 # Kept out of the synthetic tests' pytest: they start without the variables that full_determinism sets
 DETERMINISM_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "_INSIDE_SUB_PROCESS")
@@ -101,8 +123,15 @@ def _under(path, root):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _parity_test(node=None):
+    """The parity test's file, relative to the transformers root (from PARITY_NODE)."""
+    return (node or PARITY_NODE).split("::")[0]
+
+
 def _run(cmd, env, timeout, cwd=None):
-    """Runs `cmd` in its own process group (killed as a whole on timeout); returns (rc or None, output)."""
+    """Runs `cmd` in its own process group (killed as a whole on timeout), with OFFLINE_ENV added to `env` (default:
+    this process's environment); returns (rc or None, output)."""
+    env = {**(os.environ if env is None else env), **OFFLINE_ENV}
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -150,11 +179,22 @@ def child_probe(cfg):
     import torch
 
     cuda = torch.cuda.is_available()
-    out["torch"] = {"version": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": cuda}
+    out["torch"] = {
+        "version": torch.__version__,
+        "git_version": torch.version.git_version,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": cuda,
+    }
     if cuda:
         out["torch"].update(gpu=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version())
     out.update({name: _package(name, src) for name, src in cfg["expect"].items()})
     out["have"] = {name: find_spec(name) is not None for name in ("pytest", "parameterized")}
+    out["versions"] = {}
+    for name in ("pytest", "parameterized"):
+        try:
+            out["versions"][name] = __import__(name).__version__
+        except Exception as e:  # missing, or broken: recorded, the parts that need it refuse to run
+            out["versions"][name] = f"not importable: {type(e).__name__}: {e}"[:200]
     return out
 
 
@@ -276,16 +316,16 @@ def _pytest(args, env, timeout, cwd, tmp):
 
 
 def run_parity(root, pythonpath, timeout):
-    if not os.path.isfile(os.path.join(root, PARITY_TEST)):
-        return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}"}
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(pythonpath),
-        "RUN_SLOW": "1",
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-    }
+    """Part (a): PARITY_NODE in a fresh pytest, as upstream's CI runs it: RUN_SLOW=1 and none of DETERMINISM_ENV
+    preset (the test's `full_determinism` sets them inside its own child, through `enable_full_determinism`)."""
+    test = _parity_test()
+    if not os.path.isfile(os.path.join(root, test)):
+        return {"status": "no_tests", "reason": f"{test} not found under {root}"}
+    env = {k: v for k, v in os.environ.items() if k not in DETERMINISM_ENV}
+    env.update(PYTHONPATH=os.pathsep.join(pythonpath), RUN_SLOW="1")
     with tempfile.TemporaryDirectory(prefix="gpu_check_junit_", ignore_cleanup_errors=True) as tmp:
-        res, tests = _pytest([PARITY_TEST, "-k", "accelerator"], env, timeout, root, tmp)
+        res, tests = _pytest([PARITY_NODE], env, timeout, root, tmp)
+    res.update(node=PARITY_NODE, preset=dict.fromkeys(DETERMINISM_ENV))
     rc = res["pytest_rc"]
     outcomes = {t["outcome"] for t in tests}
     if rc is None:
@@ -293,7 +333,7 @@ def run_parity(root, pythonpath, timeout):
     elif outcomes & {"failed", "error"} or rc not in (0, 5):
         res.update(status="failed", reason=f"pytest exited {rc}")
     elif not tests or rc == 5:
-        res.update(status="no_tests", reason="no test matching 'accelerator' was collected")
+        res.update(status="no_tests", reason=f"{PARITY_NODE} was not collected")
     elif outcomes == {"skipped"}:
         res.update(status="skipped", reason="; ".join(sorted({t["message"] for t in tests})))
     else:
@@ -326,13 +366,20 @@ def _number(value):  # JSON has no inf: the largest difference is a number, or "
     return value if math.isfinite(value) else str(value)
 
 
-def run_parity_after_cublas(root, pythonpath, timeout):
-    """Part (b): one pytest process runs a CUDA fp16/fp32 matmul without CUBLAS_WORKSPACE_CONFIG, then the accelerator
-    parity test in the same process (`_INSIDE_SUB_PROCESS=1`), whose assert_close comparisons are measured."""
-    if not os.path.isfile(os.path.join(root, PARITY_TEST)):
-        return {"status": "no_tests", "reason": f"{PARITY_TEST} not found under {root}", "bit_exact": None}
-    env = {"RUN_SLOW": "1", "_INSIDE_SUB_PROCESS": "1", "GPU_CHECK_PARITY_DIR": os.path.join(root, "tests", "trainer")}
-    res, tests, record = run_synthetic("cublas_then_parity", pythonpath, timeout, env, ("-k", "warmup or accelerator"))
+def run_parity_after_cublas(root, pythonpath, timeout, warn_only=False):
+    """Part (b): one pytest process runs a CUDA fp16/fp32 matmul without CUBLAS_WORKSPACE_CONFIG, then the parity test's
+    method in the same process (`_INSIDE_SUB_PROCESS=1`), whose assert_close comparisons are measured. Two expected
+    outcomes: torch's cuBLAS-configuration RuntimeError (a torch that has the check), or a bit-exact run. `warn_only`:
+    the variant whose `enable_full_determinism` passes `warn_only=True` (the check warns instead of raising)."""
+    test = _parity_test()
+    if not os.path.isfile(os.path.join(root, test)):
+        return {"status": "no_tests", "reason": f"{test} not found under {root}", "bit_exact": None}
+    method = PARITY_NODE.split("::")[-1]
+    env = {"RUN_SLOW": "1", "_INSIDE_SUB_PROCESS": "1", "GPU_CHECK_PARITY_NODE": os.path.join(root, PARITY_NODE)}
+    if warn_only:
+        env["GPU_CHECK_WARN_ONLY"] = "1"
+    selected = ("-k", f"warmup or {method} or import_failed")
+    res, tests, record = run_synthetic("cublas_then_parity", pythonpath, timeout, env, selected)
     warmup = [t for t in tests if "warmup" in t["test"]]
     parity = [t for t in tests if "warmup" not in t["test"]]
     runs = {k.split(":", 1)[1]: v for k, v in record.items() if k.startswith("parity:")}
@@ -343,13 +390,18 @@ def run_parity_after_cublas(root, pythonpath, timeout):
         bit_exact = max(measured) == 0
     elif measured and max(measured) > 0:
         bit_exact = False
+    raised = [run["raised"] for run in runs.values() if run.get("raised")]
+    cublas_error = next((r for r in raised if CUBLAS_CONFIG_ERROR in r["message"]), None)
     res.update(
+        node=PARITY_NODE,
+        warn_only=warn_only,
         tests=tests,
         warmup={"outcome": warmup[0]["outcome"] if warmup else None, **record.get("warmup", {})},
         parity_runs=runs,
         comparisons=comparisons,
         max_abs_diff=_number(max(measured)) if measured else None,
         bit_exact=bit_exact,
+        outcome=None,
     )
     after = [run["state_after"] for run in runs.values()]
     if after and not all(s["deterministic_algorithms"] and s["CUBLAS_WORKSPACE_CONFIG"] for s in after):
@@ -362,16 +414,36 @@ def run_parity_after_cublas(root, pythonpath, timeout):
     elif tests and {t["outcome"] for t in tests} == {"skipped"}:
         res.update(status="skipped", reason="; ".join(sorted({t["message"] for t in tests})))
     elif not parity:
-        res.update(status="no_tests", reason="no test matching 'accelerator' was collected")
+        res.update(status="no_tests", reason=f"{method} was not collected")
+    elif cublas_error:  # expected where torch has the check: the finding is "a used worker cannot run this test"
+        res.update(status="passed", outcome="cublas_config_error", cublas_config_error=cublas_error)
+        res["note"] = f"torch's cuBLAS-configuration RuntimeError, raised at {cublas_error['where']}"
     elif bit_exact is False or outcomes & {"failed", "error"}:
         diff = f"max abs difference {res['max_abs_diff']}" if bit_exact is False else "no difference measured"
-        res.update(status="failed", reason=f"the parity test after the cuBLAS warm-up: {sorted(outcomes)}, {diff}")
+        what = f"; raised {raised[0]['type']}: {raised[0]['message'][:200]}" if raised else ""
+        res.update(
+            status="failed", reason=f"the parity test after the cuBLAS warm-up: {sorted(outcomes)}, {diff}{what}"
+        )
     elif not warmup or warmup[0]["outcome"] != "passed" or tests.index(warmup[0]) > tests.index(parity[0]):
         res.update(status="error", reason="the cuBLAS warm-up did not pass before the parity test ran")
     elif bit_exact is None:
         res.update(status="error", reason="the parity test passed but no torch.testing.assert_close was measured")
     else:
-        res["status"] = "passed"
+        res.update(status="passed", outcome="measured")
+    return res
+
+
+def run_parity_after_cublas_part(root, pythonpath, timeout):
+    """Part (b), then, where it met the cuBLAS-configuration error and time is left, its warn_only variant (under
+    `warn_only_variant`, informative: it does not change the part's status)."""
+    deadline = time.monotonic() + timeout
+    res = run_parity_after_cublas(root, pythonpath, timeout)
+    left = deadline - time.monotonic()
+    if res.get("outcome") == "cublas_config_error":
+        if left >= 30:
+            res["warn_only_variant"] = run_parity_after_cublas(root, pythonpath, left, warn_only=True)
+        else:
+            res["warn_only_variant"] = {"status": "error", "reason": f"not started: {left:.0f} s left in this part"}
     return res
 
 
@@ -425,20 +497,22 @@ def run_deterministic_leak(pythonpath, timeout):
 
 
 def run_bench(args, patched_src, stock, extra, deadline):
-    variants = {"patched": ([patched_src, *extra], {"expect_under": patched_src})}
-    if stock.get("same_as_patched"):
-        note = "stock and patched resolve to the same files: no stock run"
-    else:
-        path = [stock["src"], *extra] if stock.get("src") else extra
-        variants["stock"] = (path, {"expect_under": stock.get("src"), "expect_file": stock.get("file")})
-        note = None
-    runs = {name: [] for name in variants}
+    """The benchmark, stock and patched accelerate in separate processes, alternated (patched, stock, stock, patched,
+    ...); `stock` was checked against the patched one before (`check_stock`)."""
+    variants = {
+        "patched": ([patched_src, *extra], {"expect_under": patched_src}),
+        "stock": (
+            [stock["src"], *extra] if stock.get("src") else extra,
+            {"expect_under": stock.get("src"), "expect_file": stock.get("file")},
+        ),
+    }
+    runs, note = {name: [] for name in variants}, None
     for r in range(args.repeats):
-        for name in sorted(variants, reverse=r % 2 == 1):  # patched, stock, stock, patched, ...
+        for name in sorted(variants, reverse=r % 2 == 1):
             path, cfg = variants[name]
             left = deadline - time.monotonic()
             if left < 20:  # out of --timeout: what ran so far is reported
-                note = "; ".join(filter(None, [note, f"out of time after {r} of {args.repeats} repeats"]))
+                note = f"out of time after {r} of {args.repeats} repeats"
                 break
             runs[name].append(_child("bench", {**cfg, "steps": args.steps}, path, min(left, 90)))
     bad = [run for rs in runs.values() for run in rs if run.get("status") != "ok"]
@@ -458,14 +532,53 @@ def run_bench(args, patched_src, stock, extra, deadline):
                 "reported_skipped": per[0]["reported_skipped"],
                 "reported_matches_truth": all(p["reported_matches_truth"] for p in per),
             }
-        if "stock" in summary:
-            summary["ratio_patched_over_stock"] = round(
-                summary["patched"]["ms_per_step"] / summary["stock"]["ms_per_step"], 4
+        # One ratio per repeat (that repeat's patched process over its stock process, medians of CUDA-event times)
+        per_repeat = [
+            round(
+                statistics.median(p["scenarios"][scen]["ms_per_step_cuda_events"])
+                / statistics.median(q["scenarios"][scen]["ms_per_step_cuda_events"]),
+                4,
             )
+            for p, q in zip(runs["patched"], runs["stock"])
+        ]
+        summary.update(
+            ratio_patched_over_stock=round(summary["patched"]["ms_per_step"] / summary["stock"]["ms_per_step"], 4),
+            ratios_per_repeat=per_repeat,
+            ratio_min=min(per_repeat),
+            ratio_max=max(per_repeat),
+        )
         if not summary["patched"]["reported_matches_truth"]:
             res.update(status="failed", reason=f"patched step_was_skipped missed skipped updates ({scen})")
         res["scenarios"][scen] = summary
     return res
+
+
+def check_stock(patched, stock, pinned):
+    """Errors that make the stock/patched comparison meaningless (refused before timing): `patched` and `stock` are
+    the package records (file, version, has_fused_skip_patch), `pinned` the accelerate version of
+    patches/config.json (None when unreadable)."""
+    errors = []
+    if stock.get("has_fused_skip_patch") is not False:
+        errors.append(f"the stock accelerate at {stock.get('file')} has the fused-skip patch (or was not found)")
+    if not patched.get("has_fused_skip_patch"):
+        errors.append(f"the patched accelerate at {patched.get('file')} lacks the fused-skip patch")
+    if stock.get("version") != patched.get("version"):
+        errors.append(f"versions differ: stock {stock.get('version')}, patched {patched.get('version')}")
+    if pinned and patched.get("version") != pinned:
+        errors.append(
+            f"patched accelerate {patched.get('version')} is not the pinned {pinned} (run `make fork` first)"
+        )
+    return errors
+
+
+def pinned_versions():
+    """{package: version} from patches/config.json ({} when it cannot be read)."""
+    try:
+        with open(os.path.join(REPO_ROOT, "patches", "config.json"), encoding="utf-8") as f:
+            upstreams = json.load(f)["upstreams"]
+        return {u["package"]: u["version"] for u in upstreams.values()}
+    except (OSError, KeyError, TypeError, ValueError):
+        return {}
 
 
 def unpack(carry, tmp):
@@ -493,11 +606,13 @@ def _test_lines(tests, indent):
 
 def summary_lines(report):
     m, pk = report["machine"], report["packages"]
-    t = m.get("torch", {})
+    t, v = m.get("torch", {}), m.get("versions", {})
+    done = f"exit {report['exit_code']}  wall {report['wall_s']} s" if "exit_code" in report else "(in progress)"
     lines = [
-        f"gpu_check {report['started']}  exit {report['exit_code']}  wall {report['wall_s']} s",
-        f"python {m.get('python')}  torch {t.get('version')} (CUDA build {t.get('cuda_build')})  GPU {t.get('gpu')}",
-        f"nvidia-smi: {m.get('nvidia_smi')}",
+        f"gpu_check {report['started']}  {done}  every part as expected: {report.get('all_expected')}",
+        f"python {m.get('python')}  torch {t.get('version')} ({t.get('git_version')}, CUDA build {t.get('cuda_build')})"
+        f"  GPU {t.get('gpu')}  pytest {v.get('pytest')}  parameterized {v.get('parameterized')}",
+        f"nvidia-smi (name, driver, memory): {m.get('nvidia_smi')}",
     ]
     for name in ("transformers", "accelerate", "stock_accelerate"):
         p = pk.get(name, {})
@@ -507,14 +622,21 @@ def summary_lines(report):
     if pk.get("stock_accelerate", {}).get("same_as_patched"):
         lines.append("  stock and patched resolve to the same files: no stock comparison")
     for part, res in report["parts"].items():
-        lines.append(f"{part}: {res['status']}" + "".join(f" - {res[k]}" for k in ("reason", "note") if res.get(k)))
+        mark = "" if "expected" not in res else (" (expected)" if res["expected"] else " (NOT EXPECTED)")
+        lines.append(
+            f"{part}: {res['status']}{mark}" + "".join(f" - {res[k]}" for k in ("reason", "note") if res.get(k))
+        )
         lines += _test_lines(res.get("tests", []), "  ")
-        if res.get("bit_exact") is not None or "comparisons" in res:
-            n, warmup = len(res.get("comparisons", [])), res.get("warmup", {}).get("outcome")
-            lines.append(
-                f"  bit_exact {res.get('bit_exact')}, max abs difference {res.get('max_abs_diff')} over {n}"
-                f" comparisons; cuBLAS warm-up {warmup}"
-            )
+        for label, r in (("", res), ("warn_only variant: ", res.get("warn_only_variant") or {})):
+            if r.get("bit_exact") is not None or "comparisons" in r:
+                n, warmup = len(r.get("comparisons", [])), r.get("warmup", {}).get("outcome")
+                lines.append(
+                    f"  {label}{r.get('status')}, outcome {r.get('outcome')}, bit_exact {r.get('bit_exact')}, max abs"
+                    f" difference {r.get('max_abs_diff')} over {n} comparisons; cuBLAS warm-up {warmup}"
+                )
+        if res.get("cublas_config_error"):
+            err = res["cublas_config_error"]
+            lines.append(f"  {err['type']} at {err['where']}: {err['message'].splitlines()[0][:200]}")
         if res.get("op"):
             lines.append(f"  op: {res['op']}")
         for mode, m in res.get("modes", {}).items():
@@ -528,7 +650,10 @@ def summary_lines(report):
             )
             lines += _test_lines(m.get("tests", []), "    ")
         for scen, s in res.get("scenarios", {}).items():
-            line = f"  {scen}: ratio patched/stock {s.get('ratio_patched_over_stock')}"
+            line = (
+                f"  {scen}: ratio patched/stock {s.get('ratio_patched_over_stock')} (per repeat"
+                f" {s.get('ratios_per_repeat')}, min {s.get('ratio_min')}, max {s.get('ratio_max')})"
+            )
             for name in ("stock", "patched"):
                 if name in s:
                     v, sy = s[name], s[name]["syncs_per_step"]
@@ -550,6 +675,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=300, help="timed steps per scenario and repeat")
     parser.add_argument("--repeats", type=int, default=2, help="processes per accelerate variant")
     parser.add_argument("--timeout", type=float, default=360, help="total wall budget, seconds")
+    parser.add_argument("--require-cuda", action="store_true", help="exit 1 unless the parts ran on a CUDA GPU")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in this order: {','.join(PARTS)}")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -610,10 +736,46 @@ def _cuda_skip(smi, probe):
     return None
 
 
+def write_outputs(report, out):
+    """Writes gpu_check.json and gpu_check.txt into `out`, each whole to a temp file renamed into place; returns the
+    summary text."""
+    text = "\n".join(summary_lines(report)) + "\n"
+    for name, content in (("gpu_check.json", json.dumps(report, indent=2) + "\n"), ("gpu_check.txt", text)):
+        tmp = os.path.join(out, f".{name}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(content)
+            os.replace(tmp, os.path.join(out, name))
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return text
+
+
+def expected(part, require_cuda):
+    """Whether a part had its expected outcome: passed (ok), or skipped where --require-cuda is not given."""
+    return part["status"] in ("passed", "ok") or (part["status"] == "skipped" and not require_cuda)
+
+
+def run_part(part, runner, report, out):
+    """Runs one part, guarded: an exception becomes the part's error record with its traceback. The report is
+    written after it either way."""
+    try:
+        report["parts"][part] = runner()
+    except Exception as e:
+        report["parts"][part] = {
+            "status": "error",
+            "reason": f"{part} raised {type(e).__name__}: {e}"[:600],
+            "traceback": traceback.format_exc()[-3000:],
+        }
+    write_outputs(report, out)
+
+
 def check(args, srcs, extra):
     start, deadline = time.perf_counter(), time.monotonic() + args.timeout
     tf_src, acc_src, stock_src = srcs["transformers"], srcs["accelerate"], srcs["stock_accelerate"]
-    report = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:]}
+    report = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "parts": {}}
+    report["require_cuda"] = args.require_cuda
     smi = shutil.which("nvidia-smi")
     machine = report["machine"] = {"host": platform.node(), "nvidia_smi": "not found on PATH"}
     if smi:
@@ -622,7 +784,7 @@ def check(args, srcs, extra):
     expect = {"transformers": tf_src, "accelerate": acc_src}
     probe = _child("probe", {"expect": expect}, [tf_src, acc_src, *extra], 120)
     stock = _child("probe", {"find_only": True}, [stock_src, *extra] if stock_src else extra, 60)
-    machine.update({k: probe[k] for k in ("python", "executable", "torch", "have") if k in probe})
+    machine.update({k: probe[k] for k in ("python", "executable", "torch", "have", "versions") if k in probe})
     pk = report["packages"] = {name: probe.get(name, {}) for name in expect}
     s = pk["stock_accelerate"] = dict(stock.get("accelerate") or {"error": stock.get("reason")}, src=stock_src)
     if stock_src and "file" in s and not _under(s["file"], stock_src):
@@ -632,7 +794,11 @@ def check(args, srcs, extra):
             p.update(version=p.get("version") or _version_of(p["file"]), has_fused_skip_patch=_patched(p["file"]))
     if "file" in s and "file" in pk["accelerate"]:
         s["same_as_patched"] = os.path.realpath(s["file"]) == os.path.realpath(pk["accelerate"]["file"])
-    skip, parts = _cuda_skip(smi, probe), report.setdefault("parts", {})
+    report["pinned"] = pinned_versions()
+    skip = _cuda_skip(smi, probe)
+    if skip and args.require_cuda and skip["status"] == "skipped":
+        skip = {"status": "error", "reason": f"--require-cuda: {skip['reason']}"}
+    write_outputs(report, args.out)
     tf_path = [tf_src, acc_src, *extra]
     for i, part in enumerate(args.parts):
         needs = ("accelerate",) if part == "fused_skip_cost" else ("transformers", "accelerate")
@@ -640,37 +806,32 @@ def check(args, srcs, extra):
         if part != "fused_skip_cost" and not skip:
             wanted = ("pytest",) if part == "deterministic_leak" else ("pytest", "parameterized")
             errors += [f"{n} not importable (carry its wheel)" for n in wanted if not machine["have"].get(n)]
-        if part == "fused_skip_cost" and "error" in s:
-            errors.append(f"stock accelerate: {s['error']}")
+        if part == "fused_skip_cost":
+            errors += [f"stock accelerate: {s['error']}"] if "error" in s else []
+            errors += check_stock(pk["accelerate"], s, report["pinned"].get("accelerate"))
         cap = PARTS[part][0]
         left = deadline - time.monotonic() - sum(PARTS[later][1] for later in args.parts[i + 1 :])
         if skip or errors:
-            parts[part] = skip or {"status": "error", "reason": "; ".join(errors)}
+            runner = functools.partial(dict, skip or {"status": "error", "reason": "; ".join(errors)})
         elif left < PARTS[part][1]:
-            parts[part] = {"status": "error", "reason": f"not started: {left:.0f} s of --timeout left for it"}
+            runner = functools.partial(dict, status="error", reason=f"not started: {left:.0f} s of --timeout left")
         elif part == "parity":
-            parts[part] = run_parity(os.path.dirname(tf_src), tf_path, min(cap, left))
+            runner = functools.partial(run_parity, os.path.dirname(tf_src), tf_path, min(cap, left))
         elif part == "parity_after_cublas":
-            parts[part] = run_parity_after_cublas(os.path.dirname(tf_src), tf_path, min(cap, left))
+            runner = functools.partial(run_parity_after_cublas_part, os.path.dirname(tf_src), tf_path, min(cap, left))
         elif part == "deterministic_leak":
-            parts[part] = run_deterministic_leak(tf_path, min(cap, left))
+            runner = functools.partial(run_deterministic_leak, tf_path, min(cap, left))
         else:
-            parts[part] = run_bench(args, acc_src, s, extra, deadline)
-    report["exit_code"] = int(any(p["status"] in ("failed", "error") for p in parts.values()))
+            runner = functools.partial(run_bench, args, acc_src, s, extra, deadline)
+        run_part(part, runner, report, args.out)
+    for part in report["parts"].values():
+        part["expected"] = expected(part, args.require_cuda)
+    report["all_expected"] = all(p["expected"] for p in report["parts"].values())
+    if args.require_cuda and not any(p["status"] in ("passed", "ok", "failed") for p in report["parts"].values()):
+        report["all_expected"] = False  # nothing ran on a GPU
+    report["exit_code"] = 0 if report["all_expected"] else 1
     report["wall_s"] = round(time.perf_counter() - start, 1)
-    text = "\n".join(summary_lines(report)) + "\n"
-    files = {"gpu_check.json": json.dumps(report, indent=2) + "\n", "gpu_check.txt": text}
-    try:  # both files at the end, each written whole to a temp file and renamed into place
-        for name, content in files.items():
-            with open(os.path.join(args.out, f".{name}.tmp"), "w", encoding="utf-8") as f:
-                f.write(content)
-        for name in files:
-            os.replace(os.path.join(args.out, f".{name}.tmp"), os.path.join(args.out, name))
-    finally:
-        for name in files:
-            if os.path.exists(os.path.join(args.out, f".{name}.tmp")):
-                os.remove(os.path.join(args.out, f".{name}.tmp"))
-    sys.stdout.write(text)
+    sys.stdout.write(write_outputs(report, args.out))
     return report["exit_code"]
 
 

@@ -6,21 +6,27 @@ process), `RUN_SLOW=1` and neither `CUBLAS_WORKSPACE_CONFIG` nor `CUDA_LAUNCH_BL
 
 1. `test_1_warmup_cublas_matmul_without_workspace_config` runs fp16 and fp32 matmuls on CUDA: cuBLAS creates its
    handle and workspace while the variable is unset.
-2. `TestParityInSameProcess` is the parity test module's `TrainerResumeFp16Test` (imported from
-   GPU_CHECK_PARITY_DIR), selected with `-k "warmup or accelerator"`; the accelerator variant's `full_determinism`
-   then sets the variable and deterministic algorithms in this same process. Every `torch.testing.assert_close` it
-   makes is also measured here: the largest absolute difference between the resumed and the uninterrupted run.
+2. `TestParityInSameProcess` is the parity test's class (GPU_CHECK_PARITY_NODE: `FILE::CLASS::METHOD`, FILE absolute),
+   of which gpu_check selects METHOD; the test's `full_determinism` then sets the variable and deterministic
+   algorithms in this same process. Every `torch.testing.assert_close` it makes is also measured here: the largest
+   absolute difference between the resumed and the uninterrupted run. An exception the test method raises is recorded
+   (type, message, the innermost frame: where it was raised) and raised again. A torch that still has its
+   cuBLAS-configuration check raises its RuntimeError here at the first cuBLAS matmul after `full_determinism`. With
+   GPU_CHECK_WARN_ONLY=1 (the warn_only variant) the Trainer's `enable_full_determinism` is called with
+   `warn_only=True`, so that check warns instead, and the comparisons can be measured in a used worker.
 
 What each test saw goes to the JSON file GPU_CHECK_RECORD. Without CUDA the matmul test skips with the reason, and the
 parity test skips by its own decorators.
 """
 
-import importlib
+import functools
+import importlib.util
 import json
 import math
 import os
 import sys
 import traceback
+import unittest
 from collections.abc import Mapping
 
 import pytest
@@ -47,9 +53,10 @@ def record(key, value):
 
 
 def state():
-    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled()} | {
-        key: os.environ.get(key) for key in ENV_KEYS
-    }
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+    } | {key: os.environ.get(key) for key in ENV_KEYS}
 
 
 def max_abs_diff(actual, expected):
@@ -104,30 +111,63 @@ def test_1_warmup_cublas_matmul_without_workspace_config():
     record("warmup", {"state_before": before, "state_after": state(), "dtypes": ["float16", "float32"]})
 
 
-def _parity_test_class():
-    """The parity module's `TrainerResumeFp16Test`, measured: only this subclass is bound here, so pytest collects the
-    module's tests once, through it."""
-    parity_dir = os.environ.get("GPU_CHECK_PARITY_DIR")
-    if not parity_dir:
-        raise RuntimeError("GPU_CHECK_PARITY_DIR is not set")
-    sys.path.insert(0, parity_dir)
-    parity = importlib.import_module("test_trainer_resume_fp16")
+def _exception_record(error):
+    """What a test method raised: its type, message and the innermost traceback frame (where it was raised)."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return {
+        "type": f"{type(error).__module__}.{type(error).__qualname__}",
+        "message": str(error)[:2000],
+        "where": f"{frame.filename}:{frame.lineno} in {frame.name}",
+    }
 
-    class TestParityInSameProcess(parity.TrainerResumeFp16Test):
+
+def _parity_test_class():
+    """The parity test's class (GPU_CHECK_PARITY_NODE), measured: only this subclass is bound here, so pytest collects
+    the class's tests once, through it."""
+    node = os.environ.get("GPU_CHECK_PARITY_NODE")
+    if not node:
+        raise RuntimeError("GPU_CHECK_PARITY_NODE is not set")
+    path, class_name = node.split("::")[:2]
+    sys.path.insert(0, os.path.dirname(path))  # the test module's sibling imports
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+
+    class TestParityInSameProcess(getattr(parity, class_name)):
         def setUp(self):
             super().setUp()
             self._original_assert_close = torch.testing.assert_close
             torch.testing.assert_close = _measured_assert_close(self._original_assert_close)
             self._before = state()
+            self._raised = None
+            self._trainer_module = None
+            if os.environ.get("GPU_CHECK_WARN_ONLY") == "1":  # the variant: the cuBLAS check warns instead of raising
+                import transformers.trainer
+
+                self._trainer_module, original = transformers.trainer, transformers.trainer.enable_full_determinism
+                self._trainer_module.enable_full_determinism = functools.partial(original, warn_only=True)
+                self._original_full_determinism = original
+
+        def _callTestMethod(self, method):
+            try:
+                return super()._callTestMethod(method)
+            except unittest.SkipTest:
+                raise
+            except Exception as e:
+                self._raised = _exception_record(e)
+                raise
 
         def tearDown(self):
             torch.testing.assert_close = self._original_assert_close
+            if self._trainer_module is not None:
+                self._trainer_module.enable_full_determinism = self._original_full_determinism
             record(
                 f"parity:{self._testMethodName}",
                 {
                     "state_before": self._before,
                     "state_after": state(),
                     "comparisons": [_json_number(c) for c in COMPARISONS],
+                    "raised": self._raised,
                 },
             )
             COMPARISONS.clear()
