@@ -810,6 +810,7 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     )
     entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
     entries[2]["issue_first"] = "docs/issues/transformers-loss-scale.md"
+    entries[2]["belongs_in"] = "tests/trainer/test_trainer.py"
     set_stack(project, entries)
     write_text(project / "docs/issues/transformers-loss-scale.md", "# Proposal: log the loss scale\n\nWhy.\n")
     write_text(project / "docs/issues/transformers-finding.md", "# A finding\n\nWhat.\n")
@@ -849,9 +850,12 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "4. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
         f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
         "01-accelerate-skips merged (this PR applies on top of it).",
-        "5. Open the issue `issues/transformers-finding.md`. Waits for the PRs above, opened after them.",
-        "6. Open the issue `issues/transformers-gc-freeze-after-collection.md`. Waits for nothing, after the PRs.",
-        "7. Open `outside-the-stack/tests-gc-freeze-after-collection.md` (a PR for tests). Waits for an answer to the "
+        "",
+        "Not in this plan: after the PRs above are merged, one at a time:",
+        "",
+        "- Open the issue `issues/transformers-finding.md`.",
+        "- Open the issue `issues/transformers-gc-freeze-after-collection.md`.",
+        "- Open `outside-the-stack/tests-gc-freeze-after-collection.md` (a PR for tests). Waits for an answer to the "
         "issue `issues/transformers-gc-freeze-after-collection.md`.",
         "",
         "Not in dist/: `docs/issues/transformers-duplicate.md` (an issue draft): reported in accelerate#9.",
@@ -859,6 +863,7 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "",
     ]
     assert "- `issues/accelerate-9-comment.md` (a comment on huggingface/accelerate#9, not a new issue)" in readme
+    assert "- where its tests belong upstream: `tests/trainer/test_trainer.py`" in readme
     assert (out / "issues/accelerate-9-comment.md").is_file()
     assert (out / "outside-the-stack/tests-gc-freeze-after-collection.md").is_file()
     assert not (out / "outside-the-stack/accelerate-4291-review-note.md").exists()

@@ -87,13 +87,13 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
         steps.append(f"Open `{pr.folder}` ({pr.upstream}). Waits for " + ("; ".join(waits) or "nothing") + ".")
     waited = {Path(pr.issue_first).name for pr in prs if pr.issue_first} | {f"{s}.md" for s in COMMENTS}
     waited |= {o.issue_first for o in OUTSIDE_STACK.values() if o.issue_first}
-    left_out = []
+    left_out, later = [], []
     for path in sorted((project.root / ISSUE_DIR).glob("*.md")):
         rel = f"{ISSUE_DIR}/{path.name}"
         if rel in LEFT_OUT:
             left_out.append(f"Not in dist/: `{rel}` (an issue draft): {LEFT_OUT[rel]}.")
         elif path.name not in waited:
-            steps.append(f"Open the issue `{ISSUES_OUT}/{path.name}`. Waits for the PRs above, opened after them.")
+            later.append(f"Open the issue `{ISSUES_OUT}/{path.name}`.")
     for stem, outside in OUTSIDE_STACK.items():
         rel = f"{PR_DIR}/{stem}.md"
         if not (project.root / rel).is_file():
@@ -102,13 +102,16 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
             left_out.append(f"Not in dist/: `{rel}` ({outside.what}): {LEFT_OUT[rel]}.")
             continue
         if outside.issue_first and (project.root / ISSUE_DIR / outside.issue_first).is_file():
-            steps.append(f"Open the issue `{ISSUES_OUT}/{outside.issue_first}`. Waits for nothing, after the PRs.")
+            later.append(f"Open the issue `{ISSUES_OUT}/{outside.issue_first}`.")
             waits = f"an answer to the issue `{ISSUES_OUT}/{outside.issue_first}`"
         else:
-            waits = "nothing, after the PRs"
-        steps.append(f"Open `{OUTSIDE_OUT}/{stem}.md` ({outside.what}). Waits for {waits}.")
+            waits = "nothing more"
+        later.append(f"Open `{OUTSIDE_OUT}/{stem}.md` ({outside.what}). Waits for {waits}.")
     lines = ["# The plan: what to open, in what order", ""]
     lines += [f"{i}. {step}" for i, step in enumerate(steps, 1)]
+    if later:
+        lines += ["", "Not in this plan: after the PRs above are merged, one at a time:", ""]
+        lines += [f"- {step}" for step in later]
     return lines + ["", *left_out, *([""] if left_out else [])]
 
 
