@@ -10,7 +10,7 @@ A and B are each a run's output directory or a `trainer_state.json` file. For a 
 `checkpoint-N`. Typically A is an uninterrupted run and B the same run resumed from a checkpoint.
 
 What is compared: the per-step entries of `log_history` (the training logs: `loss`, `learning_rate`, `grad_norm`,
-`epoch`, `loss_scale` where the Trainer logs it, `num_skipped_updates` where `utils/repro` observed it; evaluation logs at
+`epoch`, `grad_scale` where the Trainer logs it, `num_skipped_updates` where `utils/repro` observed it; evaluation logs at
 the same step are merged in). Values must be equal (bit-exact by default, `--rtol` relaxes floats); two NaNs are equal.
 
 What is ignored, and why:
@@ -20,9 +20,9 @@ What is ignored, and why:
 
 The first divergence is the first step where a field differs or only one run has a log entry. Its fields are listed
 in causal order within a step (`learning_rate` is fixed before the step, `loss` comes from the forward pass,
-`grad_norm` from the backward pass, `loss_scale` and `num_skipped_updates` from the optimizer step). Recognized
+`grad_norm` from the backward pass, `grad_scale` and `num_skipped_updates` from the optimizer step). Recognized
 likely causes:
-- `precision_changed`: `loss_scale` is logged by one run and not the other (e.g. fp16 resumed as bf16);
+- `precision_changed`: `grad_scale` is logged by one run and not the other (e.g. fp16 resumed as bf16);
 - `loss_scale_reset`: the loss scale jumped back up at that step, or the gradients overflowed in one run only: the
   fp16 loss scale restarted at its initial value after resume (no `scaler.pt` restored, transformers#34053);
 - `lr_advanced_on_skipped_update`: the learning rate moved after an update that was skipped (overflow), i.e. the
@@ -45,7 +45,7 @@ import sys
 TRAINER_STATE_NAME = "trainer_state.json"
 
 # Fields in the order they are determined within one optimizer step; other fields follow, sorted by name.
-CAUSAL_FIELD_ORDER = ("learning_rate", "loss", "grad_norm", "loss_scale", "num_skipped_updates", "epoch")
+CAUSAL_FIELD_ORDER = ("learning_rate", "loss", "grad_norm", "grad_scale", "num_skipped_updates", "epoch")
 
 # Keys of the end-of-training summary entry, which is skipped (see the module docstring).
 SUMMARY_KEYS = ("train_runtime", "train_loss")
@@ -247,19 +247,19 @@ def _explain_lr_change(rows_a: dict, rows_b: dict, step: int) -> dict | None:
 
 
 def _explain_loss_scale(rows_a: dict, rows_b: dict, step: int, fields: dict) -> dict | None:
-    if "loss_scale" in fields and MISSING in (fields["loss_scale"]["a"], fields["loss_scale"]["b"]):
-        without = "B" if fields["loss_scale"]["b"] == MISSING else "A"
+    if "grad_scale" in fields and MISSING in (fields["grad_scale"]["a"], fields["grad_scale"]["b"]):
+        without = "B" if fields["grad_scale"]["b"] == MISSING else "A"
         return {
             "cause": "precision_changed",
             "explanation": (
-                f"{without} logs no loss_scale from step {step} on: it ran without fp16 loss scaling, so the precision "
+                f"{without} logs no grad_scale from step {step} on: it ran without fp16 loss scaling, so the precision "
                 "changed (e.g. an fp16 checkpoint resumed in bf16 or fp32) and the runs are not expected to match"
             ),
         }
     for name, rows, other in (("B", rows_b, rows_a), ("A", rows_a, rows_b)):
-        scale, other_scale = rows[step].get("loss_scale"), other[step].get("loss_scale")
+        scale, other_scale = rows[step].get("grad_scale"), other[step].get("grad_scale")
         previous = _previous_step(rows, step)
-        previous_scale = rows[previous].get("loss_scale") if previous is not None else None
+        previous_scale = rows[previous].get("grad_scale") if previous is not None else None
         if _is_finite_number(scale) and _is_finite_number(other_scale) and _is_finite_number(previous_scale):
             if scale > other_scale and scale > previous_scale:
                 return {
@@ -302,7 +302,7 @@ def likely_cause(rows_a: dict[int, dict], rows_b: dict[int, dict], divergence: d
     explanation = _explain_loss_scale(rows_a, rows_b, step, fields)
     if explanation is None and "learning_rate" in fields:
         explanation = _explain_lr_change(rows_a, rows_b, step)
-    if explanation is None and "loss" in fields and "learning_rate" not in fields and "loss_scale" not in fields:
+    if explanation is None and "loss" in fields and "learning_rate" not in fields and "grad_scale" not in fields:
         explanation = {
             "cause": "data_or_rng",
             "explanation": (

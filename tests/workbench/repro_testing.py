@@ -6,8 +6,8 @@ from repro import verdicts
 
 
 ROWS = {
-    1: {"learning_rate": 1e-5, "loss": 5.0, "grad_norm": 1.0, "loss_scale": 8192.0, "num_skipped_updates": 0},
-    2: {"learning_rate": 9e-6, "loss": 4.9, "grad_norm": 1.1, "loss_scale": 8192.0, "num_skipped_updates": 0},
+    1: {"learning_rate": 1e-5, "loss": 5.0, "grad_norm": 1.0, "grad_scale": 8192.0, "num_skipped_updates": 0},
+    2: {"learning_rate": 9e-6, "loss": 4.9, "grad_norm": 1.1, "grad_scale": 8192.0, "num_skipped_updates": 0},
 }
 
 

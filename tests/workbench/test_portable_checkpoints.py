@@ -3,7 +3,7 @@
 Stock runs in a subprocess with `PYTHONPATH=<pristine src>`, extracted from the fork's `upstream-base` tag; the patched
 Trainer in a subprocess of the fork's editable install. Each run trains a tiny GPT-2 on CPU, in fp16 with a CPU
 `GradScaler` and one injected gradient overflow (so that the loss scale to save and restore is not the initial one), or
-in bf16. The patched Trainer adds nothing to `trainer_state.json` but `loss_scale` in its log entries.
+in bf16. The patched Trainer adds nothing to `trainer_state.json` but `grad_scale` in its log entries.
 """
 
 import json
@@ -75,7 +75,7 @@ print("RESULT " + json.dumps({
     "transformers": transformers.__file__,
     "global_step": trainer.state.global_step,
     "scheduler_steps": trainer.lr_scheduler.last_epoch,
-    "loss_scale": [entry.get("loss_scale") for entry in logs],
+    "grad_scale": [entry.get("grad_scale") for entry in logs],
     "final_scale": trainer.accelerator.scaler.get_scale() if precision == "fp16" else None,
 }))
 """
@@ -127,12 +127,12 @@ def test_patched_checkpoint_resumes_in_stock(tmp_path, stock_src, precision):
     resumed = train("stock", stock_src, tmp_path / "stock", precision, resume_from=checkpoint)
     assert resumed["global_step"] == MAX_STEPS
     # Stock logs no loss scale; the history it restored from the checkpoint keeps the patched Trainer's entries.
-    assert resumed["loss_scale"] == patched["loss_scale"][:SAVE_STEP] + [None] * (MAX_STEPS - SAVE_STEP)
+    assert resumed["grad_scale"] == patched["grad_scale"][:SAVE_STEP] + [None] * (MAX_STEPS - SAVE_STEP)
     if precision == "fp16":
-        assert patched["loss_scale"] == [2.0**10] + [SCALE_AFTER_OVERFLOW] * (MAX_STEPS - 1)
+        assert patched["grad_scale"] == [2.0**10] + [SCALE_AFTER_OVERFLOW] * (MAX_STEPS - 1)
         assert resumed["final_scale"] == SCALE_AFTER_OVERFLOW  # stock restored the patched Trainer's scaler.pt
     else:
-        assert patched["loss_scale"] == [None] * MAX_STEPS
+        assert patched["grad_scale"] == [None] * MAX_STEPS
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -141,7 +141,7 @@ def test_stock_checkpoint_resumes_in_patched(tmp_path, stock_src, precision):
     checkpoint = tmp_path / "stock" / f"checkpoint-{SAVE_STEP}"
     resumed = train("patched", stock_src, tmp_path / "patched", precision, resume_from=checkpoint)
     assert resumed["global_step"] == MAX_STEPS
-    after_resume = resumed["loss_scale"][SAVE_STEP:]
+    after_resume = resumed["grad_scale"][SAVE_STEP:]
     if precision == "fp16":
         # The patched Trainer restored stock's scaler.pt and logs the scale from the resume on.
         assert after_resume == [SCALE_AFTER_OVERFLOW] * (MAX_STEPS - SAVE_STEP)

@@ -11,12 +11,12 @@ from repro_testing import ROWS, result  # noqa: E402
 
 
 def test_table_marks_the_first_divergence():
-    reset = {1: ROWS[1], 2: {**ROWS[2], "loss_scale": 32768.0}}
+    reset = {1: ROWS[1], 2: {**ROWS[2], "grad_scale": 32768.0}}
     table = report.format_table("no_scaler_pt", result(ROWS, reset))
     lines = table.splitlines()
     assert "uninterrupted" in lines[0] and "resumed" in lines[0]
     assert lines[2].rstrip().endswith("|")  # step 1: nothing differs
-    assert lines[3].endswith("| loss_scale  <- first divergence")
+    assert lines[3].endswith("| grad_scale  <- first divergence")
     assert "32768" in lines[3]
 
 

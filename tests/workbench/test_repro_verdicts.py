@@ -11,11 +11,11 @@ from repro_testing import ROWS, result  # noqa: E402
 
 
 def test_probe_fields_take_the_logged_names_only_when_missing():
-    stock = [{"loss": 1.0, "step": 1, "repro_loss_scale": 8192.0, "repro_num_skipped_updates": 2}]
+    stock = [{"loss": 1.0, "step": 1, "repro_grad_scale": 8192.0, "repro_num_skipped_updates": 2}]
     normalized, observed = verdicts.with_probe_fields(stock)
     assert observed
-    assert normalized == [{"loss": 1.0, "step": 1, "loss_scale": 8192.0, "num_skipped_updates": 2}]
-    fork = [{"loss": 1.0, "step": 1, "loss_scale": 4096.0, "num_skipped_updates": 1}]
+    assert normalized == [{"loss": 1.0, "step": 1, "grad_scale": 8192.0, "num_skipped_updates": 2}]
+    fork = [{"loss": 1.0, "step": 1, "grad_scale": 4096.0, "num_skipped_updates": 1}]
     assert verdicts.with_probe_fields(fork) == (fork, False)
 
 
@@ -23,7 +23,7 @@ def test_verdicts():
     assert verdicts.verdict("exact_resume", result(ROWS, ROWS)) == "identical (2 steps, bit-exact)"
     crashed = result(ROWS, {1: ROWS[1]}, status="crashed", error="AttributeError: boom")
     assert verdicts.verdict("bf16_resume", crashed) == "crashes: AttributeError: boom"
-    reset = {1: ROWS[1], 2: {**ROWS[2], "grad_norm": float("inf"), "loss_scale": 32768.0, "num_skipped_updates": 1}}
+    reset = {1: ROWS[1], 2: {**ROWS[2], "grad_norm": float("inf"), "grad_scale": 32768.0, "num_skipped_updates": 1}}
     line = verdicts.verdict("no_scaler_pt", result(ROWS, reset))
     assert line == "diverges at step 2 (grad_norm 1.1 -> inf; loss_scale_reset); says nothing about the loss scale"
     warned = result(

@@ -29,7 +29,7 @@ def make_history(steps=6, loss_scale=8192.0, skipped=0, changes=None):
             "step": step,
         }
         if loss_scale is not None:
-            entry.update(loss_scale=loss_scale, num_skipped_updates=skipped)
+            entry.update(grad_scale=loss_scale, num_skipped_updates=skipped)
         entry.update((changes or {}).get(step, {}))
         history.append(entry)
     history.append(
@@ -95,7 +95,7 @@ def test_fields_listed_in_causal_order():
 
 
 def test_loss_scale_reset():
-    resumed = make_history(changes={4: {"loss_scale": 32768.0, "num_skipped_updates": 1, "grad_norm": math.nan}})
+    resumed = make_history(changes={4: {"grad_scale": 32768.0, "num_skipped_updates": 1, "grad_norm": math.nan}})
     divergence = compare(make_history(), resumed)["divergence"]
     assert divergence["step"] == 4
     assert divergence["fields"][0] == {"field": "grad_norm", "a": 1.04, "b": resumed[3]["grad_norm"]}
@@ -104,7 +104,7 @@ def test_loss_scale_reset():
 
 
 def test_loss_scale_reset_without_logged_loss_scale():
-    """Stock Trainers log no loss_scale: an overflow in one run only points to the reset."""
+    """Stock Trainers log no grad_scale: an overflow in one run only points to the reset."""
     resumed = make_history(loss_scale=None, changes={4: {"grad_norm": math.inf}})
     divergence = compare(make_history(loss_scale=None), resumed)["divergence"]
     assert divergence["cause"] == "loss_scale_reset"
@@ -138,11 +138,11 @@ def test_skipped_update_detected_from_grad_norm_without_counter():
 def test_precision_changed():
     bf16 = make_history()
     for entry in bf16[3:6]:
-        del entry["loss_scale"], entry["num_skipped_updates"]
+        del entry["grad_scale"], entry["num_skipped_updates"]
         entry["loss"] += 0.01
     divergence = compare(make_history(), bf16)["divergence"]
     assert divergence["step"] == 4
-    assert {"field": "loss_scale", "a": 8192.0, "b": resume_diff.MISSING} in divergence["fields"]
+    assert {"field": "grad_scale", "a": 8192.0, "b": resume_diff.MISSING} in divergence["fields"]
     assert divergence["cause"] == "precision_changed"
 
 

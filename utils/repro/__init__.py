@@ -19,7 +19,7 @@ Scenarios (`--scenarios`, default all):
 
 - `exact_resume`: resume with the same settings. Must match the uninterrupted run bit for bit.
 - `no_scaler_pt`: resume from a checkpoint without `scaler.pt` (as saved by transformers <= 4.48). The loss scale
-  restarts at 65536 and the run cannot match; stock says nothing, the fork warns.
+  restarts at 65536 and the run cannot match; stock says nothing, the fork logs it (info).
 - `bf16_resume`: resume the fp16 checkpoint with bf16. Stock crashes in `_load_scaler` (the run has no scaler); the
   fork resumes and says at info level that the saved loss scale is not used.
 - `fused_skip`: two uninterrupted runs, `adamw_torch` and the default `adamw_torch_fused`, with overflows forced at
@@ -45,8 +45,8 @@ Choices made to see the bug on a tiny model:
   `train()`. With a CUDA device (`--device auto` picks it) the runs use plain `fp16=True`, no such adjustment.
 - Stock Trainers do not log the loss scale, and no Trainer logs a count of skipped updates. A callback of repro
   counts the updates where the scale backed off (skipped updates) into the log entries of every fp16 run, as
-  `repro_num_skipped_updates`, and records the scale in those of runs that do not log `loss_scale` themselves, as
-  `repro_loss_scale`; tables and comparisons show them as `num_skipped_updates` / `loss_scale`, marked as observed.
+  `repro_num_skipped_updates`, and records the scale in those of runs that do not log `grad_scale` themselves, as
+  `repro_grad_scale`; tables and comparisons show them as `num_skipped_updates` / `grad_scale`, marked as observed.
 
 Stock and fork run in separate worker processes of repro (in parallel), the stock one with
 `PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. When the default

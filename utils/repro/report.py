@@ -20,7 +20,7 @@ from .scenarios import (
 from .verdicts import compare_variant, format_steps
 
 
-TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "loss_scale", "num_skipped_updates")
+TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "grad_scale", "num_skipped_updates")
 
 
 def _cell(row: dict | None, field: str) -> str:
@@ -155,7 +155,7 @@ def plot_report(report: dict, options, path: str) -> None:
     for axes_row, (scenario, entry) in zip(axes, scenarios.items()):
         labels = SCENARIOS[scenario][3]
         crashed = [variant for variant, result in entry["variants"].items() if result["status"] == "crashed"]
-        for column, (ax, field) in enumerate(zip(axes_row, ("learning_rate", "loss", "loss_scale"))):
+        for column, (ax, field) in enumerate(zip(axes_row, ("learning_rate", "loss", "grad_scale"))):
             for variant, result in entry["variants"].items():
                 for rows, label, style in (
                     (result["reference_rows"], labels[0], {"linestyle": "-", "linewidth": 3, "alpha": 0.35}),
@@ -177,7 +177,7 @@ def plot_report(report: dict, options, path: str) -> None:
                         ax.plot(*zip(*points), color=colors[variant], label=f"{variant} {label}", **style)
             if scenario in RESUME_SCENARIOS + DDP_SCENARIOS:
                 ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
-            if field == "loss_scale":
+            if field == "grad_scale":
                 ax.set_yscale("log", base=2)
             title = f"{scenario}: {field}"
             if crashed:

@@ -28,7 +28,7 @@ from .scenarios import (
 )
 
 
-PROBE_FIELDS = {"repro_loss_scale": "loss_scale", "repro_num_skipped_updates": "num_skipped_updates"}
+PROBE_FIELDS = {"repro_grad_scale": "grad_scale", "repro_num_skipped_updates": "num_skipped_updates"}
 # Messages about loss scaling (whole words: run directories such as `no_scaler_pt` must not match).
 LOSS_SCALE_MESSAGE = re.compile(r"\bloss scale\b|\bscaler\b|GradScaler", re.IGNORECASE)
 
@@ -74,8 +74,8 @@ def start_worker_process() -> MessageCapture:
 
 def _make_probe_callback(trainer):
     """
-    Returns a callback that adds `repro_num_skipped_updates` to the log entries of an fp16 run, and `repro_loss_scale`
-    to those of a run that does not log `loss_scale` itself (stock). An update counts as skipped when the scale backed
+    Returns a callback that adds `repro_num_skipped_updates` to the log entries of an fp16 run, and `repro_grad_scale`
+    to those of a run that does not log `grad_scale` itself (stock). An update counts as skipped when the scale backed
     off during the step. Assumes logging at every step.
     """
     from transformers import TrainerCallback
@@ -104,8 +104,8 @@ def _make_probe_callback(trainer):
             earlier = [
                 e["repro_num_skipped_updates"] for e in state.log_history[:-1] if "repro_num_skipped_updates" in e
             ]
-            if "loss_scale" not in entry:
-                entry["repro_loss_scale"] = self._scaler().get_scale()
+            if "grad_scale" not in entry:
+                entry["repro_grad_scale"] = self._scaler().get_scale()
             entry["repro_num_skipped_updates"] = (earlier[-1] if earlier else 0) + int(self.skipped)
 
     return LossScaleProbe()

@@ -17,7 +17,7 @@ MISSING_SCALER_WARNING = "the fp16 loss scale restarts at"
 
 def with_probe_fields(history: list[dict]) -> tuple[list[dict], bool]:
     """
-    Returns `history` with repro's observed `repro_*` fields under the names of the logged fields (`loss_scale`,
+    Returns `history` with repro's observed `repro_*` fields under the names of the logged fields (`grad_scale`,
     which the fork logs, and `num_skipped_updates`), and whether any was observed rather than logged.
     """
     normalized, observed = [], False
