@@ -186,7 +186,8 @@ def release_problems(where: str, text: str, versions: dict[str, str]) -> list[st
         if name not in versions and not LITERAL_RELEASE.fullmatch(name)
     ]
     for release in dict.fromkeys(RELEASE.findall(PLACEHOLDER.sub("", text))):
-        pinned = " or ".join(f"{{{{{n}}}}}" for n in versions if versions[n] == release) or "the placeholder"
+        names = [n for n in versions if versions[n] == release] or [n for n in versions if RELEASE.match(versions[n])]
+        pinned = " or ".join(f"{{{{{n}}}}}" for n in names) or "a placeholder"
         problems.append(
             f"{where}: names the release {release} literally: write {pinned} for the pinned one, or "
             f"{{{{{release}}}}} for this release on purpose (something measured on it and not re-run)"
