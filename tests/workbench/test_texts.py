@@ -291,14 +291,19 @@ def test_a_reproduction_that_prints_what_its_text_shows_passes(project, fake_ven
 
 
 def test_a_reproduction_whose_output_changed_fails_naming_the_text_and_the_line(project, fake_venv):
-    write_text(project / "docs/issues/transformers-b.md", issue({"stock": "args: []\nfixed: True in ."}))
+    write_text(project / "docs/issues/transformers-b.md", issue({"stock": "fixed: True in .\nargs: []"}))
+    write_text(project / "docs/issues/transformers-c.md", issue({"stock": "args: []\nfixed: False in ."}))  # order
     found, _ = verify(project, fake_venv)
-    assert len(found) == 1
+    assert len(found) == 2
     assert found[0].startswith(
         "docs/issues/transformers-b.md, line 12: the reproduction no longer prints what the text shows on the pinned "
-        "fakepkg 5.99.0: shown line 2, 'fixed: True in .', is not printed (in that order); the closest printed line: "
+        "fakepkg 5.99.0: shown line 1, 'fixed: True in .', is not printed (in that order); the closest printed line: "
         "'fixed: False in .'; exit status 0"
     ), found
+    assert found[1].startswith(
+        "docs/issues/transformers-c.md, line 12: the reproduction no longer prints what the text"
+    )
+    assert "shown line 2, 'fixed: False in .', is not printed (in that order)" in found[1]
 
 
 def test_before_and_after_the_fix_each_run_compared_with_its_block(project, fake_venv):
