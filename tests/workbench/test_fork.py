@@ -598,8 +598,17 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     (venv / "bin").mkdir(parents=True)
     (venv / "bin/python").symlink_to(sys.executable)
     args = ["--venv", str(venv), "--tests", "--pytest-args=-q"]
+    # A text's reproduction runs on the pinned sdist's sources (texts.py, repros.py)
+    repro = "```python\nimport transformers\nprint('on', transformers.__version__)\n```\n"
+    write_text(
+        project / "docs/issues/transformers-x.md",
+        f"# X\n\n{repro}\n<!-- output: stock -->\n```\non {{{{transformers}}}}\n```\n",
+    )
     assert run(project, "check", *args) == 0
     out = capsys.readouterr().out
+    assert (
+        "OK: texts: 1 reproduction(s) in 1 text(s) print what they show (1 run(s): 1 on the pinned fakepkg 1.0" in out
+    )
     assert f"== PR {PR1} at its level (fakepkg 1.0 + {PR1}, stock accelerate)" in out
     assert "== PR trainer-logging at its level (fakepkg 1.0 + trainer-loss-scale + trainer-logging, stock acc" in out
     assert "== PR accelerate-skips at its level (fakeacc 1.0 + accelerate-skips, stock transformers)" in out

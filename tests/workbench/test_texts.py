@@ -2,6 +2,7 @@
 on this repository's own PR descriptions and issue drafts."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
-from workbench import texts  # noqa: E402
+from workbench import pr, repros, texts  # noqa: E402
 from workbench.project import load_project  # noqa: E402
 
 
@@ -50,9 +51,9 @@ REFERENCE = {
 @pytest.fixture
 def project(tmp_path):
     root = tmp_path / "repo"
-    upstream = {"package": "fakepkg", "version": "1.0", "sdist": "fakepkg-1.0.tar.gz", "sha256": "0" * 64}
+    upstream = {"package": "fakepkg", "version": "5.99.0", "sdist": "fakepkg-5.99.0.tar.gz", "sha256": "0" * 64}
     upstream.update(overlay=["tests/trainer"], patches="patches/transformers")
-    config = {"upstreams": {"transformers": upstream}, "pins": {}, "stack": "patches/stack.json"}
+    config = {"upstreams": {"transformers": upstream}, "pins": {"torch": "2.13.0"}, "stack": "patches/stack.json"}
     write(root / "patches/config.json", json.dumps(config))
     write(root / "patches/stack.json", json.dumps([]))
     write(root / "docs/references.json", json.dumps({"references": [REFERENCE]}))
@@ -143,7 +144,10 @@ def test_accelerate_template_and_issue_drafts(project):
 
 def test_each_claim_has_its_evidence_beside_the_text(project):
     text = GOOD.replace("say workbench freely? no: the words", "the words")
-    good = {"claim": "Fixes a crash\n  when resuming", "evidence": "ran: python repro.py on 5.24.0 -> the crash"}
+    good = {
+        "claim": "Fixes a crash\n  when resuming",
+        "evidence": "ran: python repro.py on {{transformers}} -> the crash",
+    }
     write_text(project / "docs/pr/trainer-ok.md", text, [good, {**good, "evidence": "read: a/b@1 x.py:3 it says"}])
     write(project / "docs/pr/trainer-none.md", text)
     write(project / "docs/pr/trainer-bad.md", text)
@@ -194,3 +198,182 @@ def test_this_repositorys_texts_pass_the_checks():
     counted = {path: (words, limit) for path, words, limit in texts.word_counts(project)}
     assert all(words <= limit for words, limit in counted.values())
     assert len([p for p in counted if p.startswith("docs/issues/")]) >= 3
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The pinned releases, named through placeholders
+
+
+def test_placeholders_render_to_the_pins_in_checks_and_in_what_leaves_the_repository(project, tmp_path):
+    body = "Fixes a crash on transformers {{transformers}} with torch {{torch}} (measured on {{5.24.0}}).\n"
+    text = GOOD.replace("say workbench freely? no: the words", "the words").replace(
+        "Fixes a crash when resuming", body
+    )
+    claim = {"claim": "transformers {{transformers}} with torch 2.13.0", "evidence": "ran: x on {{transformers}} -> y"}
+    write_text(project / "docs/pr/trainer-x.md", text, [claim])
+    assert problems(project) == []  # the claim matches the text once both are rendered
+    loaded = load_project(project)
+    assert "on transformers 5.99.0 with torch 2.13.0 (measured on 5.24.0)." in texts.render(
+        text, texts.pinned_versions(loaded)
+    )
+    pr.write_rendered(loaded, project / "docs/pr/trainer-x.md", tmp_path / "PR_DESCRIPTION.md")
+    shipped = (tmp_path / "PR_DESCRIPTION.md").read_text(encoding="utf-8")
+    assert "transformers 5.99.0 with torch 2.13.0 (measured on 5.24.0)" in shipped and "{{" not in shipped
+    assert texts.word_counts(loaded) == [("docs/pr/trainer-x.md", texts.word_count(shipped), texts.PR_WORDS)]
+
+
+def test_a_release_written_out_is_a_problem(project):
+    text = "# Title\n\nOn 5.99.0, and on 1.15.0. Since 4.49, and on {{5.24.0}}, in `{{transfomers}}`.\n"
+    write_text(project / "docs/issues/transformers-x.md", text, [{"claim": "On 5.99.0", "evidence": "ran: x -> y"}])
+    assert problems(project) == [
+        "docs/issues/transformers-x.md: {{transfomers}} names no pin (known: transformers, torch; or {{X.Y.Z}} for a "
+        "release on purpose)",
+        "docs/issues/transformers-x.md: names the release 5.99.0 literally: write {{transformers}} for the pinned one, "
+        "or {{5.99.0}} for this release on purpose (something measured on it and not re-run)",
+        "docs/issues/transformers-x.md: names the release 1.15.0 literally: write {{transformers}} for the pinned one, "
+        "or {{1.15.0}} for this release on purpose (something measured on it and not re-run)",
+        "docs/issues/transformers-x.claims.json, claim 1: names the release 5.99.0 literally: write {{transformers}} "
+        "for the pinned one, or {{5.99.0}} for this release on purpose (something measured on it and not re-run)",
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reproductions, run on stock and on the fork (repros.py)
+
+SCRIPT = """```python
+import os, sys, fakepkg
+print("\\r 50%|#####     | 5/10\\r100%|##########| 10/10")
+print("fixed:", fakepkg.FIXED, "in", os.getcwd(), "in 7.58s")
+print("args:", sys.argv[1:])
+```
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_venv(tmp_path_factory):
+    """A virtual environment whose site-packages holds the "fork" (fakepkg.FIXED = True) through a .pth file, as an
+    editable install does; beside it, the "stock" sources (FIXED = False)."""
+    root = tmp_path_factory.mktemp("venv")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run(
+        [venv / "bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    for name, fixed in (("fork", True), ("stock", False)):
+        write(root / name / "src/fakepkg/__init__.py", f"FIXED = {fixed}\n")
+    write(
+        root / "stock/src/fakepkg/core.py",
+        "class Core:\n    def step(self):\n        x = 1\n        return x\n\ny = 2\n",
+    )
+    write(Path(site) / "fakefork.pth", str(root / "fork/src") + "\n")
+    return venv, root / "stock/src"
+
+
+def verify(root: Path, fake_venv) -> tuple[list[str], str]:
+    venv, stock = fake_venv
+    return repros.verify_texts(load_project(root, None, venv), root / "tmp", {"transformers": stock})
+
+
+def issue(shown: dict[str, str], script: str = SCRIPT) -> str:
+    blocks = "".join(f"\n<!-- output: {variant} -->\n```\n{lines}\n```\n" for variant, lines in shown.items())
+    return f"# Title\n\nA reproduction:\n\n{script}{blocks}"
+
+
+def test_a_reproduction_that_prints_what_its_text_shows_passes(project, fake_venv):
+    # progress bars, durations and the working folder left out; its other lines ignored
+    write_text(project / "docs/issues/transformers-a.md", issue({"stock": "fixed: False in .\nargs: []"}))
+    found, ok = verify(project, fake_venv)
+    assert found == []
+    assert ok.startswith("OK: texts: 1 reproduction(s) in 1 text(s) print what they show (1 run(s): 1 on the pinned")
+
+
+def test_a_reproduction_whose_output_changed_fails_naming_the_text_and_the_line(project, fake_venv):
+    write_text(project / "docs/issues/transformers-b.md", issue({"stock": "fixed: True in .\nargs: []"}))
+    write_text(project / "docs/issues/transformers-c.md", issue({"stock": "args: []\nfixed: False in ."}))  # order
+    found, _ = verify(project, fake_venv)
+    assert len(found) == 2
+    assert found[0].startswith(
+        "docs/issues/transformers-b.md, line 12: the reproduction no longer prints what the text shows on the pinned "
+        "fakepkg 5.99.0: shown line 1, 'fixed: True in .', is not printed (in that order); the closest printed line: "
+        "'fixed: False in .'; exit status 0"
+    ), found
+    assert found[1].startswith(
+        "docs/issues/transformers-c.md, line 12: the reproduction no longer prints what the text"
+    )
+    assert "shown line 2, 'fixed: False in .', is not printed (in that order)" in found[1]
+
+
+def test_before_and_after_the_fix_each_run_compared_with_its_block(project, fake_venv):
+    fixed = issue({"stock": "fixed: False in .", "fork": "fixed: True in ."})
+    command = SCRIPT.replace("```python\n", "```python\n# check.py, run with `python check.py --flag`\n")
+    write_text(project / "docs/pr/trainer-x.md", GOOD.replace("say workbench freely? no: the words", "the words"))
+    write_text(project / "docs/issues/transformers-c.md", fixed)
+    write_text(project / "docs/issues/transformers-d.md", issue({"fork": "args: ['--flag']"}, command))
+    found, ok = verify(project, fake_venv)
+    assert found == []
+    assert "2 reproduction(s) in 2 text(s) print what they show (3 run(s): 1 on the pinned fakepkg 5.99.0, 2 on" in ok
+
+    write_text(project / "docs/issues/transformers-c.md", issue({"stock": "fixed: True in .", "fork": "fixed: False"}))
+    found, _ = verify(project, fake_venv)
+    assert [p.split(": the reproduction")[0] for p in found] == [
+        "docs/issues/transformers-c.md, line 12",
+        "docs/issues/transformers-c.md, line 17",
+    ]
+    assert "on the pinned fakepkg 5.99.0: shown line 1, 'fixed: True in .'" in found[0]
+    assert "on the fork: shown line 1, 'fixed: False'" in found[1]
+
+
+def test_markers_must_name_a_variant_above_a_plain_block_below_a_script(project, fake_venv, monkeypatch):
+    text = (
+        issue({"stock": "fixed: False in ."})
+        + "\n<!-- output: fixed -->\n```\nx\n```\n<!-- output: fork -->\nno block\n"
+    )
+    write_text(project / "docs/issues/transformers-e.md", text)
+    write_text(project / "docs/issues/transformers-f.md", "# Title\n\n<!-- output: stock -->\n```\nx\n```\n")
+    write_text(project / "docs/issues/transformers-g.md", "# T\n\n```python\nprint('a sketch, not run')\n```\n")
+    monkeypatch.setattr(repros, "REPRO_TIMEOUT", 1)
+    write_text(
+        project / "docs/issues/transformers-h.md",
+        issue({"stock": "x"}, "```python\nimport time\ntime.sleep(60)\n```\n"),
+    )
+    found, _ = verify(project, fake_venv)
+    assert found == [
+        "docs/issues/transformers-e.md, line 17: output 'fixed' is none of stock, fork",
+        "docs/issues/transformers-e.md, line 21: the marker must stand right above a plain ``` block",
+        "docs/issues/transformers-f.md, line 3: no ```python block above this output",
+        "docs/issues/transformers-h.md, line 10: the reproduction ran past 1 s on the pinned fakepkg 5.99.0",
+    ]
+
+
+def test_read_evidence_at_the_pinned_version_is_found_again(project, fake_venv):
+    def read(where: str) -> dict:
+        return {"claim": "# Title", "evidence": f"read: huggingface/transformers@v{{{{transformers}}}} {where}"}
+
+    good = [read('src/fakepkg/core.py:Core.step "x = 1 return x" (the step)'), read('src/fakepkg/core.py "y = 2"')]
+    write_text(
+        project / "docs/issues/transformers-r.md",
+        "# Title\n",
+        [*good, {"claim": "# Title", "evidence": "read: a/b@1.0 x.py:3 old"}],
+    )
+    assert verify(project, fake_venv)[1].endswith(
+        "2 read: quote(s) found in the pinned sources (1 other read: evidence not re-checked)"
+    )
+    bad = [
+        read('src/fakepkg/core.py:Core.step "y = 2"'),
+        read('src/fakepkg/core.py:Core.stop "x = 1"'),
+        read('src/fakepkg/gone.py "x"'),
+        read('src/fakepkg/core.py "x = 3"'),
+        read("src/fakepkg/core.py:12 x = 1"),
+    ]
+    write_text(project / "docs/issues/transformers-r.md", "# Title\n", bad)
+    where = "docs/issues/transformers-r.claims.json, claim"
+    assert verify(project, fake_venv)[0] == [
+        f"{where} 1: src/fakepkg/core.py, Core.step of transformers 5.99.0 does not say 'y = 2'",
+        f"{where} 2: src/fakepkg/core.py of transformers 5.99.0 defines no Core.stop",
+        f"{where} 3: src/fakepkg/gone.py is not in transformers 5.99.0",
+        f"{where} 4: src/fakepkg/core.py of transformers 5.99.0 does not say 'x = 3'",
+        f'{where} 5: a read: at the pinned version must say <path>[:<function>] "<quoted text>"',
+    ]

@@ -13,6 +13,7 @@ from .gitutil import ForkError, PatchConflict, contributor_identity, parse_autho
 from .overlay import add_overlay, read_overlay
 from .pr import ISSUES_OUT, write_pr_output
 from .project import Project, Upstream, load_project
+from .repros import verify_texts
 from .series import apply_patches, lint_series, read_series, unexported_changes
 from .sources import create_pristine, obtain_sdist
 from .stack import (
@@ -104,6 +105,9 @@ def cmd_check(project: Project, args) -> int:
         for upstream in buildable:
             others = [path for name, path in stock.items() if name != upstream.name]
             problems += check_upstream(project, upstream, prs, Path(tmp), args, others)
+        # The texts' reproductions, run on the releases and the fork, and their quotes of upstream (repros.py)
+        texts_found, texts_ok = verify_texts(project, Path(tmp), stock) if args.tests else ([], None)
+        problems += texts_found
     for problem in problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if problems:
@@ -115,6 +119,8 @@ def cmd_check(project: Project, args) -> int:
             f"({', '.join(names) or 'none'}) apply one after the other and each on its own level, and are exported"
             + ("; each PR's tests pass at its level and fail without its fix" if args.tests and names else "")
         )
+    if texts_ok:
+        print(texts_ok)
     return 0
 
 

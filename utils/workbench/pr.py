@@ -14,7 +14,7 @@ from pathlib import Path
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import COMMENTS, ISSUE_DIR, LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment
+from .texts import COMMENTS, ISSUE_DIR, LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment, pinned_versions, render
 
 
 MARKER = ".workbench-pr"
@@ -159,8 +159,7 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     f"{start}..{end}",
                     env=env,
                 )
-                text = (project.root / pr.description).read_text(encoding="utf-8")
-                (folder / "PR_DESCRIPTION.md").write_text(text.rstrip() + "\n", encoding="utf-8")
+                write_rendered(project, project.root / pr.description, folder / "PR_DESCRIPTION.md")
                 added, modified = changed_files(repo, start, end)
                 below = [p.folder for p in dependencies(prs, pr)]
                 test_patch = []
@@ -200,6 +199,12 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
     return toc
 
 
+def write_rendered(project: Project, text: Path, dest: Path) -> None:
+    """A text as it leaves the repository: its placeholders replaced by the pinned versions (texts.render)."""
+    body = render(text.read_text(encoding="utf-8"), pinned_versions(project))
+    dest.write_text(body.rstrip() + "\n", encoding="utf-8")
+
+
 def write_texts(project: Project, staging: Path) -> list[str]:
     """Copy the issue drafts and the texts outside the stack; return their lines of dist/README.md."""
     lines = []
@@ -208,7 +213,7 @@ def write_texts(project: Project, staging: Path) -> list[str]:
         (staging / ISSUES_OUT).mkdir()
         lines += ["# Issue drafts", "", f"In `{ISSUES_OUT}/`, each to rewrite in your own words before opening:", ""]
         for path in issues:
-            shutil.copyfile(path, staging / ISSUES_OUT / path.name)
+            write_rendered(project, path, staging / ISSUES_OUT / path.name)
             comment = COMMENTS.get(path.stem)
             where = f" (a comment on {comment.on}, not a new issue)" if comment else ""
             lines.append(f"- `{ISSUES_OUT}/{path.name}`{where}: {first_heading(path)}")
@@ -219,7 +224,7 @@ def write_texts(project: Project, staging: Path) -> list[str]:
         (staging / OUTSIDE_OUT).mkdir()
         lines += ["# Outside the stack", "", f"In `{OUTSIDE_OUT}/` (no patch series here):", ""]
         for path in outside:
-            shutil.copyfile(path, staging / OUTSIDE_OUT / path.name)
+            write_rendered(project, path, staging / OUTSIDE_OUT / path.name)
             outside = OUTSIDE_STACK[path.stem]
             first = f"; **open the issue first**: `{ISSUES_OUT}/{outside.issue_first}`" if outside.issue_first else ""
             lines.append(f"- `{OUTSIDE_OUT}/{path.name}`: {outside.what}{first}")

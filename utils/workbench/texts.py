@@ -14,7 +14,17 @@ Every factual sentence of a text has its evidence beside it, in ``<stem>.claims.
     {"claims": [{"claim": "<an exact substring of the text, whitespace runs compared as one space>",
                  "evidence": "ran: <command, where, at which version> -> <what it printed>"}, ...]}
 
-(or ``"read: <owner/repo>@<version or commit> <path>:<line(s)> <what it says>"``).
+(or ``"read: <owner/repo>@<version or commit> <path>:<line(s)> <what it says>"``; ``repros.py`` re-checks a ``read:``
+that quotes one of our upstreams at the pinned version).
+
+A text and its claims name the pinned releases through one source, ``patches/config.json``: ``{{transformers}}`` and
+``{{accelerate}}`` (any upstream's name, and any tool of ``pins``, e.g. ``{{torch}}``) render to the pinned version,
+everywhere (code blocks included), before every check and wherever a text leaves the repository (``make pr``). So an
+upgrade of the pin re-words every text, and ``make check`` re-runs their reproductions and re-reads their quotes on
+the new release. A release written out (a three-part transformers 4.x/5.x or accelerate 1.x version with a two-digit
+minor, e.g. ``5.24.0``, as ``RELEASE`` recognises it) is a problem: it would go stale silently. A release named on
+purpose, because something was measured on it and is not re-run, is written ``{{5.24.0}}`` (it renders as written);
+historical mentions of a release line (``4.49``) have two parts and are not releases here.
 """
 
 import json
@@ -131,6 +141,12 @@ CITE = re.compile(
     r"(?:https://github\.com/(?P<lrepo>[\w.-]+/[\w.-]+)/(?:issues|pull)/(?P<lnum>\d+))"
     r"|(?:(?<![\w/])(?P<repo>[\w.-]+/[\w.-]+)?#(?P<num>\d+)\b)"
 )
+# The pinned versions: {{transformers}}, {{torch}}; a release named on purpose: {{5.24.0}}.
+PLACEHOLDER = re.compile(r"\{\{([\w.-]+)\}\}")
+# A release of transformers (4.x, 5.x) or accelerate (1.x), as shared/hooks/before-stop recognises it (also before a
+# full stop).
+RELEASE = re.compile(r"(?<![\d.])(?:[45]\.\d{2}|1\.\d{2})\.\d+(?!\.?\d)")
+LITERAL_RELEASE = re.compile(r"\d+\.\d+\.\d+")
 HANDLE = re.compile(r"(?<![\w/])@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)")
 
 
@@ -143,6 +159,40 @@ class Text:
     @property
     def limit(self) -> int:
         return {"pr": PR_WORDS, "issue": ISSUE_WORDS, "comment": COMMENT_WORDS, "note": NOTE_WORDS}[self.kind]
+
+
+def pinned_versions(project: Project) -> dict[str, str]:
+    """What each placeholder renders to: every upstream's pinned version, then every tool pin."""
+    return {name: u.version for name, u in project.upstreams.items()} | {k: str(v) for k, v in project.pins.items()}
+
+
+def render(text: str, versions: dict[str, str]) -> str:
+    """``text`` with ``{{name}}`` replaced by its pinned version and ``{{5.24.0}}`` by ``5.24.0`` (unknown names are
+    left as they are: ``release_problems`` reports them)."""
+
+    def value(m: re.Match) -> str:
+        name = m.group(1)
+        return versions.get(name, name if LITERAL_RELEASE.fullmatch(name) else m.group(0))
+
+    return PLACEHOLDER.sub(value, text)
+
+
+def release_problems(where: str, text: str, versions: dict[str, str]) -> list[str]:
+    """Placeholders that name nothing pinned, and releases written out rather than through a placeholder."""
+    problems = [
+        f"{where}: {{{{{name}}}}} names no pin (known: {', '.join(versions)}; or {{{{X.Y.Z}}}} for a release on "
+        "purpose)"
+        for name in dict.fromkeys(PLACEHOLDER.findall(text))
+        if name not in versions and not LITERAL_RELEASE.fullmatch(name)
+    ]
+    for release in dict.fromkeys(RELEASE.findall(PLACEHOLDER.sub("", text))):
+        names = [n for n in versions if versions[n] == release] or [n for n in versions if RELEASE.match(versions[n])]
+        pinned = " or ".join(f"{{{{{n}}}}}" for n in names) or "a placeholder"
+        problems.append(
+            f"{where}: names the release {release} literally: write {pinned} for the pinned one, or "
+            f"{{{{{release}}}}} for this release on purpose (something measured on it and not re-run)"
+        )
+    return problems
 
 
 def prose(text: str) -> str:
@@ -261,8 +311,9 @@ def _spaced(text: str) -> str:
 
 
 def claims_problems(project: Project, path: Path, body: str) -> list[str]:
-    """What is wrong with the claims file of the text at ``path``: missing, malformed, empty, a claim the text does
-    not make, evidence that says neither what was run nor what was read."""
+    """What is wrong with the claims file of the text at ``path`` (``body``: the text, rendered): missing, malformed,
+    empty, a claim the text does not make, evidence that says neither what was run nor what was read, a release
+    written out."""
     rel, where = project.rel(path), project.rel(claims_path(path))
     if not claims_path(path).is_file():
         return [f"{rel}: no {where} (each factual sentence with what was run or read to show it)"]
@@ -273,14 +324,16 @@ def claims_problems(project: Project, path: Path, body: str) -> list[str]:
     entries = data.get("claims") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         return [f'{where} must hold {{"claims": [...]}} with at least one claim']
-    problems, text = [], _spaced(body)
+    problems, text, versions = [], _spaced(body), pinned_versions(project)
     for i, entry in enumerate(entries, 1):
         claim = entry.get("claim") if isinstance(entry, dict) else None
         evidence = entry.get("evidence") if isinstance(entry, dict) else None
+        fields = "\n".join(field for field in (claim, evidence) if isinstance(field, str))
+        problems += release_problems(f"{where}, claim {i}", fields, versions)
         if not isinstance(claim, str) or not claim.strip():
             problems.append(f"{where}, claim {i}: no claim")
-        elif _spaced(claim) not in text:
-            problems.append(f"{where}, claim {i}: {rel} does not say {_spaced(claim)[:60]!r}")
+        elif _spaced(render(claim, versions)) not in text:
+            problems.append(f"{where}, claim {i}: {rel} does not say {_spaced(render(claim, versions))[:60]!r}")
         if not isinstance(evidence, str) or not any(
             evidence.startswith(kind) and evidence[len(kind) :].strip() for kind in EVIDENCE_KINDS
         ):
@@ -318,9 +371,12 @@ def _named_upstream(stem: str) -> str | None:
 def text_problems(project: Project) -> list[str]:
     """Everything wrong with the upstream-bound texts, one line each (nothing when they are fine)."""
     refs, problems = load_references(project)
+    versions = pinned_versions(project)
     for text in upstream_texts(project):
         rel = project.rel(text.path)
-        body = text.path.read_text(encoding="utf-8")
+        raw = text.path.read_text(encoding="utf-8")
+        problems += release_problems(rel, raw, versions)
+        body = render(raw, versions)
         words = word_count(body)
         if words > text.limit:
             problems.append(f"{rel}: {words} words of prose, more than {text.limit} (code blocks not counted)")
@@ -372,6 +428,8 @@ def template_problems(rel: str, body: str, upstream: str | None) -> list[str]:
 
 def word_counts(project: Project) -> list[tuple[str, int, int]]:
     """(path, prose words, limit) of every upstream-bound text, for the closing note of `make pr`."""
+    versions = pinned_versions(project)
     return [
-        (project.rel(t.path), word_count(t.path.read_text(encoding="utf-8")), t.limit) for t in upstream_texts(project)
+        (project.rel(t.path), word_count(render(t.path.read_text(encoding="utf-8"), versions)), t.limit)
+        for t in upstream_texts(project)
     ]
