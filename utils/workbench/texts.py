@@ -68,21 +68,15 @@ class Outside(NamedTuple):
 OUTSIDE_STACK = {
     "tests-gc-freeze-after-collection": Outside(
         "transformers",
-        "a PR description for a seven-line hook in upstream's root `conftest.py` (not in the sdist, so no series: "
+        "a PR description for a four-line hook in upstream's root `conftest.py` (not in the sdist, so no series: "
         "make the change by hand in your clone)",
         "transformers-gc-freeze-after-collection.md",
-    ),
-    "accelerate-4291-review-note": Outside(
-        None,
-        "review cases to offer on accelerate#4290/#4291 (a comment, not a PR)",
     ),
 }
 
 
 # Texts kept in ``docs/pr`` or ``docs/issues`` (checked like the others) but not in dist/, by path: why each stays out.
 LEFT_OUT = {
-    f"{PR_DIR}/accelerate-4291-review-note.md": "accelerate#4291's own tests (`FSDP2OptimizerScalerStateTest`) already "
-    "cover its three cases",
     f"{ISSUE_DIR}/transformers-fused-optimizer-skip.md": "it reports in transformers what accelerate#4242 already "
     "reports; its Trainer-level reproduction is for that thread, if a maintainer asks how the Trainer is affected",
 }
