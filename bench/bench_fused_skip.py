@@ -123,6 +123,7 @@ def main(argv=None):
         print(json.dumps(child(args.child, args.steps, args.warmup)))
         return 0
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
             ["git", "-C", FORK, "archive", "upstream-base", "src"], capture_output=True, check=True
@@ -135,7 +136,9 @@ def main(argv=None):
                 for variant in sorted(srcs, reverse=r % 2 == 1):  # patched, stock, stock, patched, ...
                     runs[model][variant].append(launch(srcs[variant], model, args.steps, args.warmup))
 
-    report = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "models": {}}
+    load = (load_before, os.getloadavg()[0])
+    report = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "load_avg_1min": load, "models": {}}
+    print(f"load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end")
     for model, by_variant in runs.items():
         summary = {}
         for key in ("median_step_ms", "median_step_cpu_ms"):
