@@ -817,6 +817,8 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
     monkeypatch.setitem(
         texts.COMMENTS, "accelerate-9-comment", Comment("huggingface/accelerate#9", "asks", "accelerate-skips")
     )
+    review = Comment("huggingface/accelerate#10", "suggests", "accelerate-skips", "a maintainer preferring a PR")
+    monkeypatch.setitem(texts.COMMENTS, "accelerate-10-review", review)
     entries = json.loads((project / "patches/stack.json").read_text(encoding="utf-8"))
     entries[2]["issue_first"] = "docs/issues/transformers-loss-scale.md"
     entries[2]["belongs_in"] = "tests/trainer/test_trainer.py"
@@ -848,15 +850,18 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         capsys.readouterr().err
     )
     write_text(project / "docs/issues/accelerate-9-comment.md", "Proposal: read the flag.\n")
+    write_text(project / "docs/issues/accelerate-10-review.md", "Suggestion: read the flag.\n")
     assert run(project, "pr", "--out", str(out), *author) == 0
     readme = (out / "README.md").read_text(encoding="utf-8")
     plan = readme[readme.index("# The plan") : readme.index("# The PR stack")]
     assert plan.splitlines()[2:] == [
         "1. Post `issues/accelerate-9-comment.md` as a comment on huggingface/accelerate#9: it asks. Waits for nothing.",
-        "2. Open `01-accelerate-skips` (accelerate). Waits for an answer to the comment on huggingface/accelerate#9 "
-        "(`issues/accelerate-9-comment.md`).",
-        f"3. Open `02-{PR1}` (transformers). Waits for nothing.",
-        "4. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
+        "2. Post `issues/accelerate-10-review.md` as a comment on huggingface/accelerate#10: it suggests. Waits for "
+        "nothing.",
+        "3. Open `01-accelerate-skips` (accelerate). Waits for an answer to the comment on huggingface/accelerate#9 "
+        "(`issues/accelerate-9-comment.md`); a maintainer preferring a PR (`issues/accelerate-10-review.md`).",
+        f"4. Open `02-{PR1}` (transformers). Waits for nothing.",
+        "5. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
         f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
         "01-accelerate-skips merged (this PR applies on top of it).",
         "",

@@ -61,7 +61,7 @@ def waits_for(project: Project, prs: list[PR], pr: PR) -> list[str]:
     """What a PR waits for before it is opened: a comment answered, its issue answered, the PRs it applies on, and
     the previous PR of the stack in the same upstream reviewed (one of ours open at a time in each repository)."""
     waits = [
-        f"an answer to the comment on {c.on} (`{ISSUES_OUT}/{stem}.md`)"
+        f"{c.answer or f'an answer to the comment on {c.on}'} (`{ISSUES_OUT}/{stem}.md`)"
         for stem, c in comments(project).items()
         if c.before == pr.name
     ]

@@ -89,9 +89,17 @@ class Comment(NamedTuple):
     on: str  # owner/repo#N
     what: str
     before: str
+    # What the PR waits for, when more than an answer: e.g. a maintainer preferring a PR of ours to an open one.
+    answer: str = ""
 
 
 COMMENTS = {
+    "accelerate-4243-review": Comment(
+        "huggingface/accelerate#4243",
+        "proposes the `found_inf` read on the open PR that fixes the same bug, before any PR of ours",
+        "accelerate-fused-skip",
+        "a maintainer on huggingface/accelerate#4243 preferring a separate PR (otherwise this PR is not opened)",
+    ),
     "accelerate-4242-comment": Comment(
         "huggingface/accelerate#4242",
         "proposes reading the `found_inf` the scaler hands AMP-aware optimizers, on the issue that reports the bug",
