@@ -37,6 +37,7 @@ UPSTREAM_FILES = {
 OPTIMIZER = "".join(f"step {i}\n" for i in range(1, 31))
 ACCELERATE_FILES = {
     "pyproject.toml": "[project]\nname = 'fakeacc'\n",
+    "PKG-INFO": "Name: fakeacc\nVersion: 1.0\n",
     "src/fakeacc/__init__.py": "",
     "src/fakeacc/optimizer.py": OPTIMIZER,
     "tests/test_optimizer.py": "def test_step():\n    pass\n",
@@ -78,7 +79,6 @@ def project(tmp_path):
                 "package": "fakepkg",
                 "module": "transformers",
                 "version": "1.0",
-                "sdist": "fakepkg-1.0.tar.gz",
                 "sha256": sha,
                 "overlay": ["src/transformers", "tests/trainer", "docs/source/en"],
                 "patches": "patches/transformers",
@@ -86,7 +86,6 @@ def project(tmp_path):
             "accelerate": {
                 "package": "fakeacc",
                 "version": "1.0",
-                "sdist": "fakeacc-1.0.tar.gz",
                 "sha256": acc_sha,
                 "repo_dir": "accelerate",
                 "overlay": ["src/fakeacc", "tests"],
