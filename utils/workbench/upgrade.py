@@ -192,11 +192,18 @@ def cmd_upgrade(project: Project, args) -> int:
                 export_fork(new, upstream, force=False)
         stage(5, "Installing the forks and the stock sources")
         build_stock(new, stock_dir(new))
+        installed = True
         if not args.no_install:
-            install_forks(new, list(new.upstreams.values()))
+            try:  # pip checks the new releases' requirements: a failure is the stack's, the tests still run
+                install_forks(new, list(new.upstreams.values()))
+            except ForkError as err:
+                print(f"  {err}: the venv cannot hold the new releases (see pip's output above)", flush=True)
+                installed = False
         stage(6, "Running each PR's tests at its level, with its fix and without it")
         skip = {upstream.name for upstream, _ in conflicted}
-        ready = run_tests(new, prs, rows, Path(tmp) / "levels", args.pytest_args, skip) and not conflicted
+        ready = (
+            run_tests(new, prs, rows, Path(tmp) / "levels", args.pytest_args, skip) and not conflicted and installed
+        )
 
     print_rows(prs, rows)
     for upstream, err in conflicted:
@@ -206,7 +213,9 @@ def cmd_upgrade(project: Project, args) -> int:
             "  # edit the files, then: git add <files> && git am --continue   (again for each later patch)\n"
             "  cd - && make patches && make check"
         )
-    print("\nThe stack is ready." if ready else "\nThe stack is NOT ready: see the rows above.")
+    if not installed:
+        print("\nThe forks could not be installed into the venv: pip could not meet the new releases' requirements.")
+    print("\nThe stack is ready." if ready else "\nThe stack is NOT ready: see above.")
     return 0 if ready else 1
 
 
