@@ -72,9 +72,9 @@ def ensure_stock_src(stock_src: str) -> dict:
 
 def run_worker(variant: str, options) -> dict:
     """Runs the chosen scenarios with the `transformers` this process imports. Writes and returns the results."""
+    import accelerate
     import torch
 
-    import accelerate
     import transformers
 
     capture = start_worker_process()
