@@ -86,10 +86,7 @@ def build_report(options, workers: dict) -> dict:
             "initializer_range": INITIALIZER_RANGE,
             "stock_src": options.stock_src,
         },
-        "variants": {
-            variant: {key: worker.get(key) for key in VERSION_KEYS}
-            for variant, worker in workers.items()
-        },
+        "variants": {variant: {key: worker.get(key) for key in VERSION_KEYS} for variant, worker in workers.items()},
         "scenarios": scenarios,
         "fork_as_expected": all(result["behaves_as_fixed"] for result in fork_results) if fork_results else None,
     }
