@@ -33,7 +33,7 @@ def verify_sdist(project: Project, upstream: Upstream, path: Path, hint: str) ->
         raise ForkError(
             f"sha256 mismatch for the {upstream.name} sdist {project.rel(path)}:\n"
             f"  expected {upstream.sha256} (upstreams.{upstream.name}.sha256 in {project.rel(project.config_path)})"
-            f"\n  got      {got}\n{hint.format(got=got)}"
+            f"\n  got      {got}\n{hint.replace('{got}', got)}"
         )
 
 
