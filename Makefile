@@ -10,7 +10,9 @@
 #   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
 #   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
 #   make quality   ruff (check + format --check) with upstream's settings
-#   make repro     the #34053 scenarios offline, stock 5.24.0 next to the fork: tables, build/repro/report.json, repro.png
+#   make repro     the #34053 scenarios offline, stock next to the fork: tables, build/repro/report.json, repro.png
+#   make upgrade   move the forks and the stack to new releases (the newest on the package index, or
+#                  TRANSFORMERS=5.25.0 ACCELERATE=1.16.0): pin file, forks, patches, stock sources; one row per PR
 # Extra options for `utils/fork.py build` go in FORK_ARGS, e.g. `make fork FORK_ARGS=-3` or `FORK_ARGS=--force`.
 
 PYTHON ?= python3
@@ -26,7 +28,7 @@ OWN_PY := utils tests/workbench bench
 OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
-.PHONY: fork deps test patches check pr quality repro
+.PHONY: fork deps test patches check pr quality repro upgrade
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +52,13 @@ test: fork
 
 repro: fork
 	$(VPY) utils/repro
+
+# As `make test` runs each PR's tests, so that the rows say what `make test` will.
+upgrade: export OMP_NUM_THREADS := 1
+upgrade: export RUN_SLOW := 1
+upgrade: deps
+	$(VPY) $(FORK) upgrade $(if $(TRANSFORMERS),--transformers $(TRANSFORMERS)) \
+		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)"
 
 patches: | $(VPY)
 	$(VPY) $(FORK) export

@@ -351,14 +351,12 @@ class TrainerResumeFp16DistributedTest(TestCasePlus):
                 self.assertEqual(skipped, list(OVERFLOW_STEPS))
             self.assertEqual(uninterrupted[1]["logs"], uninterrupted[0]["logs"])
             resumed = [self.load_summary(output_dir, "fsdp2-resumed", rank) for rank in (0, 1)]
-            if not accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
-                # accelerate#4289: loading the optimizer runs a dummy step through the scaler of the resumed run.
+            if any("error" in summary for summary in resumed):
+                # accelerate#4289, found by its outcome: loading the optimizer runs a dummy step through the scaler
+                # of the resumed run. Only that failure skips; any other error fails the test here.
                 for summary in resumed:
-                    self.assertIn("Attempted step but _scale is None", summary["error"])
-                self.skipTest(
-                    "this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced; "
-                    "fixed by the open accelerate#4290 and #4291)"
-                )
+                    self.assertIn("Attempted step but _scale is None", summary.get("error", ""))
+                self.skipTest("this version of Accelerate cannot resume FSDP2 with fp16 (accelerate#4289, reproduced)")
             for rank in (0, 1):
                 expected = {**uninterrupted[rank], "logs": {}}
                 expected["logs"] = {s: e for s, e in uninterrupted[rank]["logs"].items() if s > RESUME_STEP}
@@ -401,13 +399,6 @@ def assert_skipped_at_overflows(test, logs):
     for step in OVERFLOW_STEPS:
         test.assertEqual(logs[step]["grad_scale"], logs[step - 1]["grad_scale"] / 2)
     test.assertGreater(max(entry["grad_scale"] for entry in logs.values()), logs[1]["grad_scale"])
-
-
-def accelerate_keeps_the_scaler_out_of_fsdp2_checkpointing():
-    """Whether Accelerate has the fix for accelerate#4289 (its FSDP helpers hand the unwrapped optimizer to torch)."""
-    from accelerate.utils import fsdp_utils
-
-    return hasattr(fsdp_utils, "_optimizer_for_state_dict_apis")
 
 
 def worker_pids(output_dir):

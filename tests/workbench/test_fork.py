@@ -37,6 +37,7 @@ UPSTREAM_FILES = {
 OPTIMIZER = "".join(f"step {i}\n" for i in range(1, 31))
 ACCELERATE_FILES = {
     "pyproject.toml": "[project]\nname = 'fakeacc'\n",
+    "PKG-INFO": "Name: fakeacc\nVersion: 1.0\n",
     "src/fakeacc/__init__.py": "",
     "src/fakeacc/optimizer.py": OPTIMIZER,
     "tests/test_optimizer.py": "def test_step():\n    pass\n",
@@ -78,7 +79,6 @@ def project(tmp_path):
                 "package": "fakepkg",
                 "module": "transformers",
                 "version": "1.0",
-                "sdist": "fakepkg-1.0.tar.gz",
                 "sha256": sha,
                 "overlay": ["src/transformers", "tests/trainer", "docs/source/en"],
                 "patches": "patches/transformers",
@@ -86,7 +86,6 @@ def project(tmp_path):
             "accelerate": {
                 "package": "fakeacc",
                 "version": "1.0",
-                "sdist": "fakeacc-1.0.tar.gz",
                 "sha256": acc_sha,
                 "repo_dir": "accelerate",
                 "overlay": ["src/fakeacc", "tests"],
@@ -172,6 +171,14 @@ def exported_files(root: Path) -> dict[str, bytes]:
     """Every file the export owns: the overlay and the patches folder."""
     paths = [p for d in ("src", "tests/trainer", "patches/transformers") for p in (root / d).rglob("*") if p.is_file()]
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(paths)}
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    """A virtual environment whose python is this one (for the level tests)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    return venv
 
 
 def make_patch(root: Path) -> Path:
@@ -374,6 +381,7 @@ def test_sha256_mismatch_of_cached_sdist_is_a_clear_error(project, capsys):
     assert (
         f"expected {'0' * 64}" in err and f"got      {got}" in err and "Delete build/cache/fakepkg-1.0.tar.gz" in err
     )
+    assert "The cached file is not the pinned release" in err
     assert cached.exists() and not fork_dir(project).exists()
 
 
@@ -400,16 +408,26 @@ def test_unreachable_index_says_how_to_pass_a_local_sdist(project, monkeypatch, 
     assert "could not download the fakepkg==1.0 sdist" in err and "--sdist PATH" in err
 
 
-def test_check_passes_and_catches_a_stale_patch(project, capsys):
+def test_check_passes_and_catches_a_stale_patch(project, tmp_path, capsys):
     patch = make_patch(project)
     assert run(project, "check") == 0
     text = patch.read_text(encoding="utf-8")
     assert "@@ -17,7 +17,7 @@" in text
     patch.write_text(text.replace("@@ -17,7 +17,7 @@", "@@ -15,7 +15,7 @@"), encoding="utf-8")  # applies with offset
     capsys.readouterr()
+    assert run(project, "check", "--venv", str(fake_venv(tmp_path)), "--tests", "--pytest-args=-q") == 1
+    out, err = capsys.readouterr()
+    assert (
+        f"FAIL: patches/transformers/{patch.name} is stale only in its `index` lines and `@@` line numbers (the "
+        "fakepkg 1.0 base moved under it): run `make patches` to rewrite it"
+    ) in err
+    assert "re-exporting would" not in err
+    # The same change: its PR's tests still run, with its fix and without it
+    assert f"== PR {PR1}: its tests pass at its level" in out
+    assert f"== PR {PR1}: its tests fail without its fix" in out
+    patch.write_text(text + "-- \n2.40.0\n\n", encoding="utf-8")  # a signature: more than index lines and offsets
     assert run(project, "check") == 1
-    err = capsys.readouterr().err
-    assert f"re-exporting would write patches/transformers/{patch.name}" in err
+    assert f"re-exporting would write patches/transformers/{patch.name} (run `make fork`" in capsys.readouterr().err
 
 
 def test_check_catches_a_patch_that_does_not_apply(project, capsys):
@@ -926,3 +944,225 @@ def test_a_prs_edit_of_an_upstream_test_file_ships_beside_its_series(project, tm
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert f"`git am {shipped}`, one more commit of this PR" in readme
     assert "In your clone of upstream main, on the same branch, after the series" in readme
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Following upstream: the pin file, the traps of a new release, `upgrade`. The "package index" is a folder of sdists
+# that pip reads (PIP_NO_INDEX, PIP_FIND_LINKS): no network. Each sdist builds its metadata with a backend of its own.
+
+BACKEND = (
+    "import os\n\n\ndef prepare_metadata_for_build_wheel(directory, config_settings=None):\n"
+    "    info = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'METADATA')).read()\n"
+    "    name = '{0}-{1}.dist-info'\n    os.makedirs(os.path.join(directory, name))\n"
+    "    open(os.path.join(directory, name, 'METADATA'), 'w').write(info)\n    return name\n"
+)
+BACKEND_PYPROJECT = '[build-system]\nrequires = []\nbuild-backend = "fake_backend"\nbackend-path = ["."]\n'
+
+
+def index_sdist(index: Path, package: str, version: str, files: dict[str, str], pkg_info_version: str = "") -> str:
+    """Put ``<package>-<version>.tar.gz`` (``files`` plus what pip needs) into the folder ``index``; its sha256. Its
+    ``PKG-INFO`` says ``pkg_info_version`` (default: ``version``), pip's metadata says ``version``."""
+    metadata = f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
+    extra = {
+        "pyproject.toml": BACKEND_PYPROJECT,
+        "fake_backend.py": BACKEND.format(package, version),
+        "METADATA": metadata,
+        "PKG-INFO": metadata.replace(f"Version: {version}", f"Version: {pkg_info_version or version}"),
+    }
+    index.mkdir(parents=True, exist_ok=True)
+    return make_sdist(index / f"{package}-{version}.tar.gz", {**files, **extra}, f"{package}-{version}")
+
+
+def use_index(monkeypatch, index: Path) -> None:
+    """pip reads the folder ``index`` as its only package index."""
+    index.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+
+
+def set_pin(root: Path, name: str, **values) -> None:
+    config = json.loads((root / "patches/config.json").read_text(encoding="utf-8"))
+    config["upstreams"][name].update(values)
+    (root / "patches/config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def test_the_pin_file_holds_each_release_once(project):
+    config = json.loads((project / "patches/config.json").read_text(encoding="utf-8"))
+    assert "sdist" not in config["upstreams"]["transformers"]
+    assert load_project(project).upstreams["accelerate"].sdist_name == "fakeacc-1.0.tar.gz"
+    mine = json.loads((REPO_ROOT / "patches/config.json").read_text(encoding="utf-8"))
+    assert all(set(entry) >= {"version", "sha256"} and "sdist" not in entry for entry in mine["upstreams"].values())
+
+
+def test_trap_a_an_sdist_of_another_version_is_refused(project, capsys):
+    # Only the version changed in the pin file, and the cache holds the old release under the new name
+    cache = project / "build/cache"
+    (cache / "fakepkg-1.0.tar.gz").rename(cache / "fakepkg-1.1.tar.gz")
+    set_pin(project, "transformers", version="1.1")
+    assert run(project, "build") == 1
+    err = capsys.readouterr().err
+    assert "fakepkg-1.1.tar.gz holds fakepkg 1.0, not the pinned 1.1" in err
+    assert not fork_dir(project).exists() and not list(project.glob("build/.transformers.*"))
+    assert run(project, "check") == 1
+    assert "holds fakepkg 1.0, not the pinned 1.1" in capsys.readouterr().err
+
+
+def test_trap_b_a_stale_pin_right_after_a_download_prints_the_real_hash(project, tmp_path, monkeypatch, capsys):
+    (project / "build/cache/fakepkg-1.0.tar.gz").unlink()
+    real = index_sdist(tmp_path / "index", "fakepkg", "1.0", UPSTREAM_FILES)
+    use_index(monkeypatch, tmp_path / "index")
+    set_pin(project, "transformers", sha256="0" * 64)
+    assert run(project, "build") == 1
+    err = capsys.readouterr().err
+    assert f"got      {real}" in err
+    assert (
+        f"the pin file is stale. If that release is the one you want, put {real} as upstreams.transformers.sha256"
+        in err
+    )
+    assert "Delete" not in err  # downloading again would change nothing
+    assert not (project / "build/cache/fakepkg-1.0.tar.gz").exists() and not fork_dir(project).exists()
+    set_pin(project, "transformers", sha256=real)  # what the message says to do
+    assert run(project, "build") == 0
+
+
+def test_trap_c_build_leaves_the_stock_sources_of_the_pinned_releases(project):
+    assert run(project, "build") == 0
+    stock = project / "build/stock/src"
+    assert (stock / "transformers/__init__.py").read_text(encoding="utf-8") == "__version__ = '1.0'\n"
+    assert (stock / "fakeacc/optimizer.py").read_text(encoding="utf-8") == OPTIMIZER
+    files = {**UPSTREAM_FILES, "PKG-INFO": "Name: fakepkg\nVersion: 1.1\n"}
+    files["src/transformers/__init__.py"] = "__version__ = '1.1'\n"
+    sha = make_sdist(project / "build/cache/fakepkg-1.1.tar.gz", files, "fakepkg-1.1")
+    set_pin(project, "transformers", version="1.1", sha256=sha)
+    assert run(project, "build") == 0
+    assert (stock / "transformers/__init__.py").read_text(encoding="utf-8") == "__version__ = '1.1'\n"
+
+
+def test_trap_d_an_editable_install_of_another_version_is_refreshed(project, tmp_path, monkeypatch):
+    from workbench import forks
+
+    assert run(project, "build") == 0
+    site = tmp_path / "site-packages"  # what `pip install -e build/transformers` left, at version 1.0
+    info = site / "fakepkg-1.0.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
+    url = {"url": fork_dir(project).resolve().as_uri(), "dir_info": {"editable": True}}
+    write(info / "direct_url.json", json.dumps(url))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    installs = []
+    monkeypatch.setattr(forks, "pip_install", lambda project, *args: installs.append(args[-2:]))
+    fake = load_project(project, venv=fake_venv(tmp_path))
+    forks.install_forks(fake, [fake.upstreams["transformers"]])
+    assert installs == []  # editable from the fork, at the pinned version: nothing to do
+    fake.upstreams["transformers"].version = "1.1"  # a new release: pip must install it (and check its requirements)
+    forks.install_forks(fake, [fake.upstreams["transformers"]])
+    assert installs == [("-e", str(fork_dir(project)))]
+
+
+def new_release(index: Path, trainer: str = TRAINER, optimizer: str = OPTIMIZER) -> dict[str, str]:
+    """fakepkg 1.1 and fakeacc 1.1 on the index; their sha256 by upstream."""
+    files = {**UPSTREAM_FILES, "src/transformers/trainer.py": trainer}
+    files["src/transformers/__init__.py"] = "__version__ = '1.1'\n"
+    return {
+        "transformers": index_sdist(index, "fakepkg", "1.1", files),
+        "accelerate": index_sdist(
+            index, "fakeacc", "1.1", {**ACCELERATE_FILES, "src/fakeacc/optimizer.py": optimizer}
+        ),
+    }
+
+
+def upgrade(root: Path, tmp_path: Path, *args: str) -> int:
+    return run(root, "upgrade", "--no-install", "--venv", str(fake_venv(tmp_path)), "--pytest-args=-q", *args)
+
+
+def test_upgrade_moves_the_stack_to_the_new_releases(project, tmp_path, monkeypatch, capsys):
+    patches = make_stack(project)
+    before = {name: path.read_bytes() for name, path in patches.items()}
+    use_index(monkeypatch, tmp_path / "index")
+    hashes = new_release(tmp_path / "index", trainer="new 1\nnew 2\nnew 3\n" + TRAINER)  # the patches move by 3
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 0
+    out = capsys.readouterr().out
+    for number, what in enumerate(["Finding", "Downloading", "Building", "Writing", "Installing", "Running"], 1):
+        assert f"\n[{number}/6] {what}" in out
+    assert "transformers: 1.0 -> 1.1" in out and "accelerate: 1.0 -> 1.1" in out
+    config = json.loads((project / "patches/config.json").read_text(encoding="utf-8"))
+    for name, sha in hashes.items():
+        assert config["upstreams"][name]["version"] == "1.1" and config["upstreams"][name]["sha256"] == sha
+    # Re-exported: the transformers patches moved (index lines and offsets), the accelerate patch did not change
+    from workbench.series import moved_only
+
+    for name in (PR1, "trainer-logging"):
+        after = patches[name].read_bytes()
+        assert after != before[name] and moved_only(before[name], after)
+    assert patches["accelerate-skips"].read_bytes() == before["accelerate-skips"]
+    for pr in (PR1, "trainer-logging", "accelerate-skips"):
+        assert re.search(rf"^{pr} +applies +pass +fail \(as they must\)$", out, flags=re.MULTILINE), out
+    assert "The stack is ready." in out
+    assert (project / "build/stock/src/transformers/__init__.py").read_text(
+        encoding="utf-8"
+    ) == "__version__ = '1.1'\n"
+    assert run(project, "build") == 0 and "is up to date" in capsys.readouterr().out
+    assert run(project, "check") == 0
+
+
+def test_upgrade_leaves_a_conflict_ready_to_edit(project, tmp_path, monkeypatch, capsys):
+    patches = make_stack(project)
+    use_index(monkeypatch, tmp_path / "index")
+    new_release(tmp_path / "index", trainer=TRAINER.replace("line 20\n", "line 20 upstream\n"))
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 1
+    out = capsys.readouterr().out
+    conflict = f"CONFLICT in {patches[PR1].name}: src/transformers/trainer.py (1 hunk)"
+    assert re.search(rf"^{PR1} +{re.escape(conflict)} +- +-$", out, flags=re.MULTILINE), out
+    assert re.search(r"^trainer-logging +not tried", out, flags=re.MULTILINE)
+    assert re.search(r"^accelerate-skips +applies +pass +fail \(as they must\)$", out, flags=re.MULTILINE)
+    assert "git add <files> && git am --continue" in out and "The stack is NOT ready" in out
+    assert (fork_dir(project) / ".git/rebase-apply").is_dir()
+    assert "<<<<<<< " in (fork_dir(project) / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    # The new bases were built: the pin file names them, so that `make patches` exports the resolved fork
+    assert (
+        json.loads((project / "patches/config.json").read_text(encoding="utf-8"))["upstreams"]["transformers"][
+            "version"
+        ]
+        == "1.1"
+    )
+
+
+def test_upgrade_reports_a_pr_possibly_fixed_upstream(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    use_index(monkeypatch, tmp_path / "index")
+    # Upstream's optimizer now skips too (elsewhere than the PR's change): the PR's test passes without its fix
+    new_release(tmp_path / "index", optimizer=OPTIMIZER.replace("step 30\n", "step 30 skipped\n"))
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 1
+    out = capsys.readouterr().out
+    row = "applies +pass +PASS: possibly fixed upstream; changed under it: src/fakeacc/optimizer.py"
+    assert re.search(rf"^accelerate-skips +{row}$", out, flags=re.MULTILINE), out
+    assert re.search(rf"^{PR1} +applies +pass +fail \(as they must\)$", out, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("failure", ["unreachable", "missing_release", "wrong_version_inside"])
+def test_upgrade_that_fails_changes_nothing(project, tmp_path, monkeypatch, capsys, failure):
+    make_stack(project)
+    config = (project / "patches/config.json").read_bytes()
+    head = sh(fork_dir(project), "git", "rev-parse", "HEAD")
+    use_index(monkeypatch, tmp_path / "index")
+    args = []
+    if failure == "missing_release":
+        new_release(tmp_path / "index")
+        args = ["--transformers", "9.9"]
+        expected = "fakepkg 9.9 is not a release on the package index (newest: 1.1); nothing was changed"
+    elif failure == "wrong_version_inside":  # the index serves 1.1, whose own PKG-INFO says 1.0
+        new_release(tmp_path / "index")
+        index_sdist(tmp_path / "index", "fakepkg", "1.1", UPSTREAM_FILES, pkg_info_version="1.0")
+        expected = "fakepkg-1.1.tar.gz holds fakepkg 1.0, not the pinned 1.1"
+    else:
+        expected = "could not read the releases of fakepkg from the package index (is it reachable?)"
+    capsys.readouterr()
+    assert upgrade(project, tmp_path, *args) == 1
+    assert expected in capsys.readouterr().err
+    assert (project / "patches/config.json").read_bytes() == config
+    assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert not list(project.glob("build/.*upgrade*"))

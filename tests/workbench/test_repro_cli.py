@@ -31,8 +31,14 @@ def test_end_to_end_stock_and_fork(tmp_path):
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert report["settings"]["steps"] == 6 and report["settings"]["resume_step"] == 3
     assert report["fork_as_expected"] is True
-    assert "build/stock/src" in report["variants"]["stock"]["transformers_file"]
-    assert "build/stock" not in report["variants"]["fork"]["transformers_file"]
+    for package in ("transformers", "accelerate"):
+        assert "build/stock/src" in report["variants"]["stock"][f"{package}_file"]
+        assert "build/stock" not in report["variants"]["fork"][f"{package}_file"]
+        for variant in ("stock", "fork"):  # the fork is at the pinned release too
+            assert report["variants"][variant][f"{package}_version"] == PINNED[package]
+            assert f"{variant:5s}: transformers {PINNED['transformers']}, accelerate {PINNED['accelerate']}" in (
+                completed.stdout
+            )
     assert list(report["scenarios"]) == scenarios
     scenarios = report["scenarios"]
     stock = {name: entry["variants"]["stock"] for name, entry in scenarios.items()}
@@ -98,11 +104,33 @@ def test_out_that_cannot_be_created_is_a_setup_error(tmp_path, capsys):
     assert f"repro: error: --out {blocker / 'repro'}: cannot create the output directory" in capsys.readouterr().err
 
 
+PINNED = {
+    entry["package"]: entry["version"]
+    for entry in json.loads((REPO_ROOT / "patches/config.json").read_text(encoding="utf-8"))["upstreams"].values()
+}
+
+
+def fake_stock_src(path: Path, versions: dict[str, str]) -> Path:
+    for package, version in versions.items():
+        (path / package).mkdir(parents=True)
+        (path / package / "__init__.py").write_text(f'__version__ = "{version}"\n', encoding="utf-8")
+    return path
+
+
 def test_missing_stock_src_is_a_setup_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--stock-src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    assert "needs transformers/__init__.py" in capsys.readouterr().err
+    assert "holds transformers (none), accelerate (none), not the pinned" in capsys.readouterr().err
+
+
+def test_a_stock_src_of_other_versions_is_refused(tmp_path, capsys):
+    stock_src = fake_stock_src(tmp_path / "stock", {**PINNED, "accelerate": "0.1.0"})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--stock-src", str(stock_src), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    pinned = ", ".join(f"{package} {version}" for package, version in PINNED.items())
+    assert f"holds accelerate 0.1.0, not the pinned {pinned}" in capsys.readouterr().err
 
 
 def _fake_worker(tmp_path, variant, crashed=()):
@@ -123,7 +151,8 @@ def _fake_worker(tmp_path, variant, crashed=()):
             if name.startswith("ddp/"):
                 runs[name]["processes_hold_the_same_model"] = True
     transformers_file = str(tmp_path / variant / "transformers" / "__init__.py")
-    return {"variant": variant, "transformers_file": transformers_file, "transformers_version": "5.24.0"} | {
+    versions = {"transformers_version": PINNED["transformers"], "accelerate_version": PINNED["accelerate"]}
+    return {"variant": variant, "transformers_file": transformers_file, **versions} | {
         "torch_version": "2",
         "device": "cpu",
         "runs": runs,
@@ -134,10 +163,7 @@ def _fake_worker(tmp_path, variant, crashed=()):
 def test_a_crashed_scenario_is_its_verdict_and_everything_else_is_written(
     tmp_path, monkeypatch, capsys, crashed_variant, exit_status
 ):
-    stock_src = tmp_path / "stock_src"
-    for package in ("transformers", "accelerate"):
-        (stock_src / package).mkdir(parents=True)
-        (stock_src / package / "__init__.py").write_text("", encoding="utf-8")
+    stock_src = fake_stock_src(tmp_path / "stock_src", PINNED)
     crashed = ("ddp/uninterrupted",)
     workers = {
         variant: _fake_worker(tmp_path / "runs", variant, crashed if variant == crashed_variant else ())

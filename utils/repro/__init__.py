@@ -49,9 +49,10 @@ Choices made to see the bug on a tiny model:
   `repro_grad_scale`; tables and comparisons show them as `num_skipped_updates` / `grad_scale`, marked as observed.
 
 Stock and fork run in separate worker processes of repro (in parallel), the stock one with
-`PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. When the default
-stock source directory is missing it is extracted from the forks' `upstream-base` tags (`git archive`, read-only):
-stock transformers and, when its fork exists, stock accelerate.
+`PYTHONPATH=<stock src>` so that it imports the pristine sources; each worker runs all its scenarios. The stock sources must be the pinned releases
+(patches/config.json) of transformers and accelerate: the default `build/stock/src` is made from the pinned sdists
+(as `make fork` does) when missing or of other pins, another `--stock-src` of other versions is refused. The console
+and `report.json` name the transformers and accelerate versions of stock and of the fork.
 
 Output, under `--out`: `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
 `report.json` (settings, per scenario and variant: status, messages, step rows, first divergence with its likely

@@ -18,6 +18,7 @@ from .scenarios import (
     SCENARIOS,
 )
 from .verdicts import compare_variant, format_steps
+from .workers import VERSION_KEYS
 
 
 TABLE_FIELDS = ("learning_rate", "loss", "grad_norm", "grad_scale", "num_skipped_updates")
@@ -85,10 +86,7 @@ def build_report(options, workers: dict) -> dict:
             "initializer_range": INITIALIZER_RANGE,
             "stock_src": options.stock_src,
         },
-        "variants": {
-            variant: {key: worker.get(key) for key in ("transformers_file", "transformers_version", "torch_version")}
-            for variant, worker in workers.items()
-        },
+        "variants": {variant: {key: worker.get(key) for key in VERSION_KEYS} for variant, worker in workers.items()},
         "scenarios": scenarios,
         "fork_as_expected": all(result["behaves_as_fixed"] for result in fork_results) if fork_results else None,
     }
@@ -110,6 +108,12 @@ def lr_note(result: dict) -> str | None:
 
 
 def print_report(report: dict, options) -> None:
+    print("\n=== versions")
+    for variant, found in report["variants"].items():
+        print(
+            f"{variant:5s}: transformers {found['transformers_version']}, accelerate {found['accelerate_version']}, "
+            f"torch {found['torch_version']} ({os.path.dirname(os.path.dirname(found['transformers_file'] or '.'))})"
+        )
     for number, (scenario, entry) in enumerate(report["scenarios"].items(), start=1):
         print(f"\n=== {number}. {scenario}: {entry['title']}")
         first_step = max(1, options.resume_step - 1) if scenario in RESUME_SCENARIOS + DDP_SCENARIOS else 1

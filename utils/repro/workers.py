@@ -6,21 +6,24 @@ lost runs become crashed runs).
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from .launch import OutputTail, failed_run, last_error_line, launch_ddp_runs, signal_name, worker_command
 from .runs import copy_checkpoint, run_one, start_worker_process
 from .scenarios import DDP_SCENARIOS, OPTIM, REPO_ROOT, RESUME_SCENARIOS, SCENARIOS
 
 
-FORK_DIR = os.path.join(REPO_ROOT, "build", "transformers")
 # accelerate is a second upstream of the workbench: stock means stock accelerate too (the default stock directory
 # holds both pristine source trees).
-ACCELERATE_FORK_DIR = os.path.join(REPO_ROOT, "build", "accelerate")
 DEFAULT_STOCK_SRC = os.path.join("build", "stock", "src")
-STOCK_TAG = "upstream-base"
+
+
+# What each worker records of the packages it imported (report.json's "variants", the console's version lines).
+VERSION_KEYS = ("transformers_file", "transformers_version", "accelerate_file", "accelerate_version", "torch_version")
 
 
 def fail(message: str):
@@ -29,36 +32,47 @@ def fail(message: str):
     raise SystemExit(2)
 
 
-def ensure_stock_src(stock_src: str) -> None:
-    """Extracts the pristine sources (tag `upstream-base` of each fork) into `stock_src` when missing."""
-    forks = {"transformers": FORK_DIR}
-    if os.path.isdir(os.path.join(ACCELERATE_FORK_DIR, ".git")):
-        forks["accelerate"] = ACCELERATE_FORK_DIR
-    if all(os.path.isfile(os.path.join(stock_src, name, "__init__.py")) for name in forks):
-        return
-    if os.path.normpath(stock_src) != os.path.normpath(os.path.join(REPO_ROOT, DEFAULT_STOCK_SRC)):
-        fail(f"--stock-src {stock_src} needs {' and '.join(f'{name}/__init__.py' for name in forks)}")
-    print(f"extracting stock {' and '.join(forks)} ({STOCK_TAG} of the forks) into {stock_src} ...", flush=True)
-    target = os.path.dirname(stock_src)
-    partial = target + ".partial"
+def tree_version(src: str, module: str) -> str | None:
+    """The `__version__` that `<src>/<module>/__init__.py` sets (None when there is none)."""
     try:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-        for fork in forks.values():
-            archive = subprocess.run(["git", "-C", fork, "archive", STOCK_TAG, "src"], capture_output=True)
-            if archive.returncode != 0:
-                fail(f"cannot extract {STOCK_TAG} from {fork}: {archive.stderr.decode(errors='replace').strip()}")
-            untar = subprocess.run(["tar", "-x", "-C", partial], input=archive.stdout, capture_output=True)
-            if untar.returncode != 0:
-                fail(f"cannot unpack {STOCK_TAG} into {partial}: {untar.stderr.decode(errors='replace').strip()}")
-        shutil.rmtree(target, ignore_errors=True)
-        os.rename(partial, target)
-    except OSError as error:
-        fail(f"cannot extract {STOCK_TAG} from {FORK_DIR} into {target}: {error}")
+        with open(os.path.join(src, module, "__init__.py"), encoding="utf-8") as f:
+            found = re.search(r"^__version__ = [\"']([^\"']+)[\"']", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def ensure_stock_src(stock_src: str) -> dict:
+    """
+    Checks that `stock_src` holds the pinned releases of transformers and accelerate (patches/config.json), and
+    returns `{module: version}`. The default directory is made, or remade for other pins, by the workbench (what `make
+    fork` does: `build/stock/src`, from the pinned sdists); another directory of other versions is refused.
+    """
+    from workbench.gitutil import ForkError
+    from workbench.project import load_project
+    from workbench.sources import build_stock, stock_dir
+
+    try:
+        project = load_project(Path(REPO_ROOT))
+        if os.path.normpath(stock_src) == os.path.normpath(stock_dir(project)):
+            build_stock(project, stock_dir(project))
+    except ForkError as error:
+        fail(f"cannot make the stock sources {stock_src}: {error}")
+    pinned = {upstream.module: upstream.version for upstream in project.upstreams.values()}
+    found = {module: tree_version(stock_src, module) for module in pinned}
+    wrong = [f"{module} {found[module] or '(none)'}" for module in pinned if found[module] != pinned[module]]
+    if wrong:
+        fail(
+            f"--stock-src {stock_src} holds {', '.join(wrong)}, not the pinned "
+            + ", ".join(f"{module} {version}" for module, version in pinned.items())
+            + " (the default build/stock/src is made from the pins)"
+        )
+    return found
 
 
 def run_worker(variant: str, options) -> dict:
     """Runs the chosen scenarios with the `transformers` this process imports. Writes and returns the results."""
+    import accelerate
     import torch
 
     import transformers
@@ -74,6 +88,8 @@ def run_worker(variant: str, options) -> dict:
         "variant": variant,
         "transformers_file": transformers.__file__,
         "transformers_version": transformers.__version__,
+        "accelerate_file": accelerate.__file__,
+        "accelerate_version": accelerate.__version__,
         "torch_version": torch.__version__,
         "device": device,
         "runs": {},
@@ -174,11 +190,12 @@ def run_workers(options) -> dict:
             returncode = process.wait()
             outputs[variant].join(timeout=30)
             results[variant] = _read_worker_results(variant, options, returncode, outputs[variant].lines)
-            transformers_file = results[variant]["transformers_file"]
-            if transformers_file is not None:
-                is_stock = os.path.abspath(transformers_file).startswith(options.stock_src + os.sep)
-                if (variant == "stock") != is_stock:
-                    fail(f"the {variant} worker imported {transformers_file}")
+            for package in ("transformers", "accelerate"):
+                imported = results[variant].get(f"{package}_file")
+                if imported is not None:
+                    is_stock = os.path.abspath(imported).startswith(options.stock_src + os.sep)
+                    if (variant == "stock") != is_stock:
+                        fail(f"the {variant} worker imported {imported}")
         return results
     finally:
         for process in processes.values():
@@ -209,7 +226,7 @@ def _read_worker_results(variant: str, options, returncode: int, output_lines) -
         return results
     if results is None:
         results = {"variant": variant, "runs": {}}
-    for key in ("transformers_file", "transformers_version", "torch_version", "device"):
+    for key in VERSION_KEYS + ("device",):
         results.setdefault(key, None)
     name = signal_name(returncode)
     why = f"the {variant} worker failed (exit status {returncode}{f', {name}' if name else ''})"

@@ -12,14 +12,15 @@ The repository holds only what we write, per upstream (``patches/config.json`` l
   with its own tests and description (``docs/pr/<name>.md``).
 
 Modules: ``project`` (configuration), ``sources`` (sdists, pristine trees), ``overlay``, ``series`` (apply, export,
-lint), ``stack`` (PRs, levels, level tests), ``forks`` (build, editable install, export), ``pr`` (dist/ output), ``cli``
-(check, deps, the command line).
+lint), ``stack`` (PRs, levels, level tests), ``forks`` (build, editable install, export), ``upgrade``, ``pr`` (dist/ output),
+``cli`` (check, deps, the command line).
 
 Commands (``python utils/fork.py <command> --help`` for options):
 
 ``build``   per upstream: download (or reuse the cached) sdist, unpack it into ``build/<upstream>``, commit the pristine
             tree tagged ``upstream-base``, commit the overlay (tag ``workbench-overlay``), ``git am`` the series;
-            then ``pip install -e`` the forks. With ``--clone PATH`` put the stack's PRs on a new branch of a
+            then ``pip install -e`` the forks (again when a pinned version changes), and unpack the pinned releases'
+            sources into ``build/stock/src``. With ``--clone PATH`` put the stack's PRs on a new branch of a
             contributor's upstream clone, authored by the contributor.
 ``export``  turn the forks' commits back into overlay files and patch files (byte-stable, three-way for the overlay).
 ``check``   lint the series, check the stack against the repository, apply the whole series PR after PR and build
@@ -29,6 +30,9 @@ Commands (``python utils/fork.py <command> --help`` for options):
 ``pr``      write ``dist/<NN>-<name>/`` per PR: its ``git am`` series and ``PR_DESCRIPTION.md``, authored by git's
             ``user.name``/``user.email``; print the ``_toctree.yml`` entries to add by hand.
 ``deps``    install the pinned tools into the virtual environment (torch first), once per pin set.
+``upgrade`` move to new upstream releases (the newest on the package index, or ``--transformers V --accelerate V``):
+            download and hash the sdists, rebuild the forks on them with every PR re-applied three-way, re-export,
+            write the pin file, install, run each PR's tests with and without its fix; one row per PR.
 
 Only the standard library is used, plus the ``git`` and ``pip`` command line tools.
 """

@@ -14,17 +14,19 @@ from .overlay import add_overlay, read_overlay
 from .pr import ISSUES_OUT, write_pr_output
 from .project import Project, Upstream, load_project
 from .repros import verify_texts
-from .series import apply_patches, lint_series, read_series, unexported_changes
+from .series import apply_patches, lint_series, read_series, stale_patches
 from .sources import create_pristine, obtain_sdist
 from .stack import (
     LevelConflict,
     build_levels,
     load_stack,
+    pr_test_results,
     prs_of,
-    run_level_tests,
     stack_problems,
+    stock_sources,
 )
 from .texts import text_problems, word_counts
+from .upgrade import cmd_upgrade
 
 
 DEPS_STAMP_NAME = ".workbench-deps.json"
@@ -34,7 +36,7 @@ DEPS_STAMP_NAME = ".workbench-deps.json"
 # check
 
 
-def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, stock: list[Path]) -> list[str]:
+def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, stock: dict) -> list[str]:
     """Build ``upstream``'s levels (or, when the stack is unusable, overlay + series), compare with the repository,
     run each PR's tests at its level, with the pristine sources of the other upstreams (``stock``) first on the path.
     Returns the problems."""
@@ -56,20 +58,17 @@ def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, s
             + "\n    ".join(err.output.splitlines()[-8:])
             + "\n  Fix it with `build -3` in the fork, `git am --continue`, then `export`."
         ]
-    problems = [
-        f"re-exporting would {change} (run `make fork`, then `make patches`)"
-        for change in unexported_changes(project, upstream, repo)
+    moved, other = stale_patches(project, upstream, repo)
+    problems = [f"re-exporting would {change} (run `make fork`, then `make patches`)" for change in other]
+    problems += [
+        f"{path} is stale only in its `index` lines and `@@` line numbers (the {upstream.label} base moved under it): "
+        "run `make patches` to rewrite it"
+        for path in moved
     ]
-    if problems or prs is None or not args.tests:
+    if other or prs is None or not args.tests:  # a patch that only moved is the same change: its PR's tests run
         return problems
-    own = prs_of(prs, upstream)
-    pytest_args = args.pytest_args.split() if args.pytest_args else []
-    for pr in own:
-        for without_fix in (False, True):
-            problem = run_level_tests(project, upstream, repo, prs, pr, pr.tests, tmp, pytest_args, stock, without_fix)
-            if problem:
-                problems.append(problem)
-    return problems
+    results = pr_test_results(project, upstream, repo, prs, tmp, args.pytest_args, stock)
+    return problems + [problem for pair in results.values() for problem in pair if problem]
 
 
 def cmd_check(project: Project, args) -> int:
@@ -94,17 +93,9 @@ def cmd_check(project: Project, args) -> int:
         and (prs is None or all((u.patches_dir / n).is_file() for pr in prs_of(prs, u) for n in pr.patches))
     ]
     with tempfile.TemporaryDirectory(prefix="fork-check-") as tmp:
-        # A PR is tested against the released versions of the other upstreams (a transformers PR against stock
-        # accelerate, not against our accelerate fork, whose fix could hide the bug the PR fixes).
-        stock = {}
-        if args.tests and prs is not None:
-            for upstream in project.upstreams.values():
-                dest = Path(tmp) / f"stock-{upstream.name}"
-                create_pristine(upstream, obtain_sdist(project, upstream), dest)
-                stock[upstream.name] = dest / "src"
+        stock = stock_sources(project, Path(tmp)) if args.tests and prs is not None else {}
         for upstream in buildable:
-            others = [path for name, path in stock.items() if name != upstream.name]
-            problems += check_upstream(project, upstream, prs, Path(tmp), args, others)
+            problems += check_upstream(project, upstream, prs, Path(tmp), args, stock)
         # The texts' reproductions, run on the releases and the fork, and their quotes of upstream (repros.py)
         texts_found, texts_ok = verify_texts(project, Path(tmp), stock) if args.tests else ([], None)
         problems += texts_found
@@ -223,6 +214,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pr.add_argument("--out", help="output folder (default: REPO/dist)")
     pr.add_argument("--author", help="'Name <email>' (default: git's user.name and user.email)")
     sub.add_parser("deps", parents=[common], help="install the pinned tools into the venv (torch first)")
+    upgrade = sub.add_parser(
+        "upgrade", parents=[common], help="move the forks and the stack to new releases (default: the newest)"
+    )
+    upgrade.add_argument("--transformers", help="the transformers version (default: the newest on the index)")
+    upgrade.add_argument("--accelerate", help="the accelerate version (default: the newest on the index)")
+    upgrade.add_argument(
+        "--pytest-args", default="", help="extra pytest arguments for the level tests, e.g. '-n auto'"
+    )
+    upgrade.add_argument("--no-install", action="store_true", help="skip the editable pip install into the venv")
     return parser.parse_args(argv)
 
 
@@ -254,7 +254,14 @@ def make_project(args) -> Project:
     return load_project(root, config, venv, fork_dirs=fork_dirs, sdists=sdists)
 
 
-COMMANDS = {"build": cmd_build, "export": cmd_export, "check": cmd_check, "pr": cmd_pr, "deps": cmd_deps}
+COMMANDS = {
+    "build": cmd_build,
+    "export": cmd_export,
+    "check": cmd_check,
+    "pr": cmd_pr,
+    "deps": cmd_deps,
+    "upgrade": cmd_upgrade,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from .series import (
     read_series,
     unexported_changes,
 )
-from .sources import BASE_REF, FORK_BRANCH, create_pristine, obtain_sdist
+from .sources import BASE_REF, FORK_BRANCH, build_stock, create_pristine, obtain_sdist, stock_dir
 from .stack import dependencies, load_stack, prs_of, stack_problems
 
 
@@ -89,19 +89,22 @@ def venv_python(project: Project) -> Path:
     return project.venv / "bin" / "python"
 
 
-def installed_editable_from(project: Project, upstream: Upstream) -> bool:
-    """Whether the venv has the package installed in editable mode from its fork."""
+def installed_from_fork(project: Project, upstream: Upstream) -> bool:
+    """Whether the venv has the package installed in editable mode from its fork, at the pinned version (a new
+    release needs a new install, so that pip checks its requirements)."""
     code = (
-        "import importlib.metadata as m, sys\n"
-        "try:\n    print(m.distribution(sys.argv[1]).read_text('direct_url.json') or '')\n"
-        "except m.PackageNotFoundError:\n    pass\n"
+        "import importlib.metadata as m, json, sys\n"
+        "try:\n    d = m.distribution(sys.argv[1])\n"
+        "    print(json.dumps([json.loads(d.read_text('direct_url.json') or '{}'), d.version]))\n"
+        "except m.PackageNotFoundError:\n    print('[{}, null]')\n"
     )
     proc = subprocess.run([venv_python(project), "-c", code, upstream.package], capture_output=True, text=True)
     try:
-        info = json.loads(proc.stdout or "{}")
-    except json.JSONDecodeError:
+        info, version = json.loads(proc.stdout)
+    except ValueError:
         return False
-    return info.get("dir_info", {}).get("editable", False) and info.get("url") == upstream.fork_dir.resolve().as_uri()
+    editable = info.get("dir_info", {}).get("editable", False)
+    return editable and info.get("url") == upstream.fork_dir.resolve().as_uri() and version == upstream.version
 
 
 def pip_install(project: Project, *args: str) -> None:
@@ -112,12 +115,13 @@ def pip_install(project: Project, *args: str) -> None:
 
 
 def install_forks(project: Project, upstreams: list[Upstream]) -> None:
-    """``pip install -e`` the forks that are not installed editable from their folder yet (one pip run)."""
+    """``pip install -e`` the forks that are not installed editable from their folder, at their pinned version, yet
+    (one pip run)."""
     if not venv_python(project).exists():
         raise ForkError(
             f"no virtual environment at {project.rel(project.venv)}: run `make fork`, or pass --no-install"
         )
-    todo = [u for u in upstreams if not installed_editable_from(project, u)]
+    todo = [u for u in upstreams if not installed_from_fork(project, u)]
     if not todo:
         return
     packages = {u.package for u in project.upstreams.values()}
@@ -239,6 +243,7 @@ def cmd_build(project: Project, args) -> int:
         return build_clone(project, args)
     for upstream in upstreams:
         build_fork(project, upstream, args)
+    build_stock(project, stock_dir(project))
     if not args.no_install:
         install_forks(project, upstreams)
     return 0

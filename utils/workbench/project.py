@@ -2,12 +2,13 @@
 
 ``patches/config.json``::
 
-    {"upstreams": {"transformers": {"package": ..., "version": ..., "sdist": ..., "sha256": ...,
+    {"upstreams": {"transformers": {"package": ..., "version": ..., "sha256": ...,
                                     "overlay": [roots, in upstream paths], "patches": "patches/transformers",
                                     "fork": "build/transformers", "repo_dir": ".", "module": import name}, ...},
      "pins": {tool: version}, "stack": "patches/stack.json"}
 
-``repo_dir`` is the repository folder mirrored onto the upstream's root (``.`` for transformers, whose new files live at
+Each upstream's release is held once: ``version`` and the sha256 of its sdist ``<package>-<version>.tar.gz`` (the file
+name is derived; an ``sdist`` key of an older pin file is ignored). ``repo_dir`` is the repository folder mirrored onto the upstream's root (``.`` for transformers, whose new files live at
 their upstream paths; ``accelerate`` for accelerate, whose ``tests/`` would clash with ours).
 """
 
@@ -40,7 +41,6 @@ class Upstream:
     package: str  # the distribution on the package index
     module: str  # the top-level import package (under src/)
     version: str
-    sdist_name: str
     sha256: str
     overlay_roots: list[str]
     repo_dir: Path
@@ -52,6 +52,10 @@ class Upstream:
     @property
     def series_file(self) -> Path:
         return self.patches_dir / ".patches"
+
+    @property
+    def sdist_name(self) -> str:
+        return f"{self.package}-{self.version}.tar.gz"
 
     @property
     def label(self) -> str:
@@ -105,9 +109,12 @@ def load_project(
     venv: Path | None = None,
     fork_dirs: dict[str, Path] | None = None,
     sdists: dict[str, Path] | None = None,
+    config: dict | None = None,
 ) -> Project:
+    """The project of the pin file ``config_path`` (or of ``config``, its content not written yet)."""
     config_path = config_path or root / "patches" / "config.json"
-    config = read_json(config_path, "pin file")
+    if config is None:
+        config = read_json(config_path, "pin file")
     project = Project(root=root, config_path=config_path, config=config, venv=venv or root / ".venv")
     entries = config.get("upstreams")
     if not isinstance(entries, dict) or not entries:
@@ -116,13 +123,12 @@ def load_project(
         for key in REQUIRED:
             if not isinstance(entry, dict) or not entry.get(key):
                 raise ForkError(f"pin file {config_path} lacks upstreams.{name}.{key}")
-        package, version = entry["package"], entry["version"]
+        package = entry["package"]
         project.upstreams[name] = Upstream(
             name=name,
             package=package,
             module=entry.get("module", package),
-            version=version,
-            sdist_name=entry.get("sdist", f"{package}-{version}.tar.gz"),
+            version=entry["version"],
             sha256=entry["sha256"].lower(),
             overlay_roots=[r.strip("/") for r in entry.get("overlay", [])],
             repo_dir=(root / entry.get("repo_dir", ".")).resolve(),

@@ -286,6 +286,32 @@ def apply_changes(project: Project, changes) -> None:
                 parent = parent.parent
 
 
+HUNK_RE = re.compile(rb"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@.*$", re.MULTILINE)
+INDEX_RE = re.compile(rb"^index [0-9a-f]+\.\.[0-9a-f]+( \d+)?\n", re.MULTILINE)
+
+
+def moved_only(old: bytes, new: bytes) -> bool:
+    """Whether two versions of a patch differ only in their ``index`` lines and the line numbers of their ``@@`` hunk
+    headers: the same change, exported from a base that moved under it (a new upstream release)."""
+
+    def normalized(patch: bytes) -> bytes:
+        return HUNK_RE.sub(rb"@@ -\1 +\2 @@", INDEX_RE.sub(b"", patch))
+
+    return normalized(old) == normalized(new)
+
+
+def stale_patches(project: Project, upstream: Upstream, fork: Path) -> tuple[list[str], list[str]]:
+    """What an export of ``fork`` would change in the repository: the patch files stale only in their ``index`` lines
+    and ``@@`` line numbers (``moved_only``), and every other change, each as a line for the user."""
+    moved, other = [], []
+    for action, path, data, _ in plan_changes(upstream, plan_export(upstream, fork)):
+        if action == "write" and path.suffix == ".patch" and path.is_file() and moved_only(path.read_bytes(), data):
+            moved.append(project.rel(path))
+        else:
+            other.append(f"{action} {project.rel(path)}")
+    return moved, other
+
+
 def unexported_changes(project: Project, upstream: Upstream, fork: Path) -> list[str]:
     """Repository files that an export of ``fork`` would change (empty: everything in the fork is exported)."""
     return [

@@ -228,6 +228,10 @@ def stack_problems(project: Project, prs: list[PR]) -> list[str]:
     return problems
 
 
+class PassesWithoutFix(str):
+    """The problem of a PR whose tests pass without its fix (the base may have fixed the bug itself)."""
+
+
 class LevelConflict(ForkError):
     """A PR's series does not apply at its level (``level`` is that PR), or on the PRs below it in the stack."""
 
@@ -371,6 +375,34 @@ def run_level_tests(
         git(repo, "worktree", "remove", "--force", str(checkout), check=False)
 
 
+def stock_sources(project: Project, scratch: Path) -> dict[str, Path]:
+    """``{upstream: its pristine src/ folder}`` under ``scratch``: the released versions a PR of another upstream is
+    tested against (a transformers PR against stock accelerate, not against our accelerate fork, whose fix could hide
+    the bug the PR fixes)."""
+    stock = {}
+    for upstream in project.upstreams.values():
+        dest = scratch / f"stock-{upstream.name}"
+        create_pristine(upstream, obtain_sdist(project, upstream), dest)
+        stock[upstream.name] = dest / "src"
+    return stock
+
+
+def pr_test_results(
+    project: Project, upstream: Upstream, repo: Path, prs: list[PR], scratch: Path, pytest_args: str, stock: dict
+) -> dict[str, tuple[str | None, str | None]]:
+    """Run each PR of ``upstream`` at its level in ``repo`` (``build_levels``), with its fix and without it, against
+    the ``stock`` sources of the other upstreams: ``{PR name: (problem with the fix, problem without it)}``."""
+    others = [path for name, path in stock.items() if name != upstream.name]
+    args = pytest_args.split() if pytest_args else []
+    return {
+        pr.name: tuple(
+            run_level_tests(project, upstream, repo, prs, pr, pr.tests, scratch, args, others, without_fix)
+            for without_fix in (False, True)
+        )
+        for pr in prs_of(prs, upstream)
+    }
+
+
 def without_workers(pytest_args: list[str]) -> list[str]:
     """``pytest_args`` without pytest-xdist's ``-n``/``--numprocesses``."""
     kept, skip = [], False
@@ -430,7 +462,8 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
             print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds}): {failed}", flush=True)
             return None
         outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
-        return f"PR {pr.name}: its tests {outcome} {what}, at {where}: they must fail there: {' '.join(tests)}"
+        problem = f"PR {pr.name}: its tests {outcome} {what}, at {where}: they must fail there: {' '.join(tests)}"
+        return PassesWithoutFix(problem) if proc.returncode == 0 else problem
     if proc.returncode == 0:
         print(f"== PR {pr.name}: its tests pass at its level ({seconds})", flush=True)
         return None
