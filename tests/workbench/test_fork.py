@@ -1059,6 +1059,27 @@ def test_trap_d_an_editable_install_of_another_version_is_refreshed(project, tmp
     assert installs == [("-e", str(fork_dir(project)))]
 
 
+def test_a_requirement_the_index_lacks_is_left_out_by_name(project, tmp_path, monkeypatch, capsys):
+    from workbench import forks
+
+    assert run(project, "build") == 0
+    pkg_info = "Name: fakepkg\nVersion: 1.0\nRequires-Dist: numpy>=1.17\nRequires-Dist: Kernels_X<0.20,>=0.19.1\n"
+    write(fork_dir(project) / "PKG-INFO", pkg_info + 'Requires-Dist: pytest; extra == "testing"\n')
+    installs = []
+    monkeypatch.setattr(forks, "pip_install", lambda project, *args: installs.append(args[2:]))
+    monkeypatch.setattr(forks, "installed_from_fork", lambda project, upstream: False)
+    fake = load_project(project, venv=fake_venv(tmp_path))
+    forks.install_forks(fake, [fake.upstreams["transformers"]])
+    assert installs == [("-e", str(fork_dir(project)))]  # nothing unavailable: pip checks every requirement
+    fake.config["unavailable"] = {"kernels-x": "not on this index"}
+    installs.clear()
+    forks.install_forks(fake, [fake.upstreams["transformers"]])
+    assert installs == [("numpy>=1.17",), ("--no-deps", "-e", str(fork_dir(project)))]
+    assert "Not installing Kernels_X<0.20,>=0.19.1 (`unavailable` in patches/config.json: not on this index)" in (
+        capsys.readouterr().out
+    )
+
+
 def new_release(index: Path, trainer: str = TRAINER, optimizer: str = OPTIMIZER) -> dict[str, str]:
     """fakepkg 1.1 and fakeacc 1.1 on the index; their sha256 by upstream."""
     files = {**UPSTREAM_FILES, "src/transformers/trainer.py": trainer}

@@ -3,6 +3,7 @@ contributor's clone) and ``export`` (the forks' commits back into overlay and pa
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -125,12 +126,36 @@ def install_forks(project: Project, upstreams: list[Upstream]) -> None:
     if not todo:
         return
     packages = {u.package for u in project.upstreams.values()}
+    unavailable = project.config.get("unavailable", {})
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as constraints:
         pins = {name: version for name, version in project.pins.items() if name not in packages}
         constraints.write("".join(f"{name}=={version}\n" for name, version in pins.items()))
         constraints.flush()
         editable = [arg for u in todo for arg in ("-e", str(u.fork_dir))]
-        pip_install(project, "-c", constraints.name, *editable)
+        requirements = [r for u in todo for r in requirements_of(u.fork_dir)]
+        left_out = [r for r in requirements if requirement_name(r) in unavailable]
+        if not left_out:
+            pip_install(project, "-c", constraints.name, *editable)
+            return
+        # A requirement the package index does not have: the rest first, then the forks without their requirements
+        for requirement in left_out:
+            reason = unavailable[requirement_name(requirement)]
+            print(f"Not installing {requirement} (`unavailable` in {project.rel(project.config_path)}: {reason})")
+        others = [r for r in requirements if r not in left_out and requirement_name(r) not in packages]
+        pip_install(project, "-c", constraints.name, *others)
+        pip_install(project, "-c", constraints.name, "--no-deps", *editable)
+
+
+def requirement_name(requirement: str) -> str:
+    """The normalized project name a requirement names (``kernels<0.20,>=0.19.1`` -> ``kernels``)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group()).lower()
+
+
+def requirements_of(tree: Path) -> list[str]:
+    """The unconditional ``Requires-Dist`` of an unpacked sdist's ``PKG-INFO`` (extras left out)."""
+    text = (tree / "PKG-INFO").read_text(encoding="utf-8", errors="replace")
+    found = re.findall(r"^Requires-Dist: (.+)$", text, flags=re.MULTILINE)
+    return [r.strip() for r in found if "extra ==" not in r]
 
 
 # --------------------------------------------------------------------------------------------------------------
