@@ -40,16 +40,23 @@ def test_deselected():
 
 
 # Under `-n 2`, xdist hands out fewer than 4 tests round-robin: the first two run on different workers and meet at a file
-# barrier (in CENSUS_SYNC, outside the tree), so that both are running when the folder appears; serially nobody waits.
+# barrier (in CENSUS_SYNC, outside the tree), so that both are running when the folder appears; serially there is none.
 XDIST_TESTS = """
 import os
 import time
 from pathlib import Path
 
+XDIST = "PYTEST_XDIST_WORKER" in os.environ
+
+
+def _mark(name):
+    if XDIST:
+        (Path(os.environ["CENSUS_SYNC"]) / name).touch()
+
 
 def _wait_for(name):
     deadline = time.monotonic() + 30
-    while "PYTEST_XDIST_WORKER" in os.environ and not (Path(os.environ["CENSUS_SYNC"]) / name).exists():
+    while XDIST and not (Path(os.environ["CENSUS_SYNC"]) / name).exists():
         assert time.monotonic() < deadline, f"the other worker never reached {name}"
         time.sleep(0.02)
 
@@ -57,11 +64,11 @@ def _wait_for(name):
 def test_1_leaves_a_folder():
     _wait_for("2_running")
     Path("leftover").mkdir()
-    (Path(os.environ["CENSUS_SYNC"]) / "1_made").touch()
+    _mark("1_made")
 
 
 def test_2_runs_beside_it():
-    (Path(os.environ["CENSUS_SYNC"]) / "2_running").touch()
+    _mark("2_running")
     _wait_for("1_made")
 
 
@@ -126,9 +133,10 @@ def xdist_tree(tmp_path: Path, monkeypatch) -> Path:
 def test_serially_and_under_two_workers_the_census_names_the_same_leaks_once(tmp_path, monkeypatch):
     tree = xdist_tree(tmp_path, monkeypatch)
     serial = run_census(str(tree), cwd=tmp_path)
+    assert not (tmp_path / "2_running").exists()
     parallel = run_census(str(tree), "-n", "2", cwd=tmp_path)
 
-    assert {"1_made", "2_running"} <= {p.name for p in tmp_path.iterdir()}, parallel.stderr  # the workers overlapped
+    assert {"1_made", "2_running"} <= {p.name for p in tmp_path.iterdir()}, parallel.stdout  # the workers overlapped
     assert "3 of 3 tests run, 2 leaks by 2 tests, 0 left entries not attributed" in serial.stdout, serial.stdout
     expected = [
         "environment: CENSUS_LEAK (1 test)",
@@ -140,6 +148,7 @@ def test_serially_and_under_two_workers_the_census_names_the_same_leaks_once(tmp
         assert result.returncode == 0, result.stdout + result.stderr
         lines = result.stdout.splitlines()
         assert lines[0] == serial.stdout.splitlines()[0], result.stdout  # the same counts
+        assert lines[1].startswith("pytest: 3 passed, 2 errors in"), result.stdout  # tests 1 and 3 fail at teardown
         assert lines[3:] == expected, result.stdout
 
 
