@@ -71,10 +71,11 @@ CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link"
 LEFT = "left behind"
 PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
-# shared: an xdist worker beside others; made: what this process created during the current test (its audit hook);
-# charged/seen: on the controller, the entries charged to a test by its worker, and the tests that saw each other appear.
-_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": set(), "charged": set(), "seen": {}}
-_SESSION["left"] = []  # on the controller: (what, tests) for each entry it reports
+# shared: an xdist worker beside others; made: what this process created during the current test (its audit hook).
+# On the controller, charged: the entries a worker charged to a test; seen: for each other new entry, the tests that saw
+# it appear; left: (what, tests) for each entry it reports.
+_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": set()}
+_SESSION.update(charged=set(), seen={}, left=[])
 _AUDITING = []
 
 
@@ -350,7 +351,7 @@ def pytest_sessionfinish(session):
 def pytest_terminal_summary(terminalreporter):
     if not _SESSION["left"]:
         return
-    terminalreporter.section("files left behind, seen by tests of other workers too", sep="=", red=True)
+    terminalreporter.section("files left behind, attributed at the end of the session", sep="=", red=True)
     for what, tests in _SESSION["left"]:
         by = f"by {tests[0]}" if len(tests) == 1 else "while these ran on different workers: " + ", ".join(tests)
         terminalreporter.line(f"{what}: {LEFT} {by}")

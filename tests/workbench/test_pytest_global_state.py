@@ -253,7 +253,7 @@ def test_under_two_workers_a_folder_is_charged_to_the_test_that_left_it_not_to_t
     assert "files in the working directory: leftover/: left behind" in out, out
     assert "ERROR at teardown of test_2" not in out and "PASSED test_xdist.py::test_2_runs_beside_it" in out, out
     # Made by a subprocess, it is nobody's Python: reported once, for the session, with both tests that saw it appear.
-    assert "files left behind, seen by tests of other workers too" in out, out
+    assert "files left behind, attributed at the end of the session" in out, out
     assert (
         "files in the working directory: made_by_a_child/: left behind while these ran on different workers: "
         "test_xdist.py::test_1_leaves_folders, test_xdist.py::test_2_runs_beside_it"
