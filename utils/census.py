@@ -84,9 +84,15 @@ def table(leaks: set, unattributed: list) -> list[str]:
 
 
 def listings(tests: Path) -> dict[str, set]:
-    """The entries of each folder from TESTS up to the filesystem's root: the watched folders are among them."""
-    folders = [tests, *tests.parents] if tests.is_dir() else list(tests.parents)
-    return {str(folder): set(os.listdir(folder)) for folder in folders}
+    """The entries of each readable folder from TESTS up to the filesystem's root: the watched folders are among them
+    (one not listed here is never cleaned)."""
+    found = {}
+    for folder in [tests, *tests.parents] if tests.is_dir() else tests.parents:
+        try:
+            found[str(folder)] = set(os.listdir(folder))
+        except OSError:
+            pass
+    return found
 
 
 def remove_left(log: dict, before: dict[str, set]) -> list[str]:
