@@ -78,7 +78,9 @@ def test_3_leaves_a_variable():
 
 
 def run_census(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "CENSUS_LEAK")}
+    # As from a shell: not the variables of this pytest run (under -n, its worker's PYTEST_XDIST_WORKER).
+    ours = ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "CENSUS_LEAK")
+    env = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("PYTEST_XDIST")}
     return subprocess.run(
         [sys.executable, str(CENSUS), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
