@@ -14,11 +14,25 @@ left behind are named, not deleted).
 A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
 signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
 fails) is not the test's doing. The snapshot reads only and imports nothing: torch's settings are compared when torch
-was imported before the test's set-up (test modules import it when they are collected). Files are compared by name,
-so under ``pytest -n`` a file one worker's test leaves may be named against a test of another worker.
+was imported before the test's set-up (test modules import it when they are collected). Files are compared by name: one
+that was there before the test is not seen being left again (the census removes what its tests left, see
+``utils/census.py``).
 
-``--global-state-log FILE`` appends one JSON line per test (``{"test": node id, "changed": [[what, change], ...]}``)
-and one per worker after collection (``{"collected": N}``): what the census reads.
+Under ``pytest -n N`` (N > 1) the workers are separate processes, so everything above stays per test, except the files:
+the workers share the working directory, and a file one worker's test makes appears in the snapshots of whatever test
+another worker is running at that moment. So a worker charges a new file or folder to its test only when its own
+process made it during the test: an audit hook (``sys.addaudithook``; it stays for the worker's life, and only notes the
+name) sees Python create it (``open`` with ``O_CREAT``, ``os.mkdir``, ``os.rename``/``replace``, ``os.symlink``,
+``os.link``). Any other new entry (made by another worker, by a subprocess, or by C code such as ``torch.save``'s
+writer) goes to the controller with the teardown report (``user_properties``), and at the end of the session the
+controller takes the entries no test was charged with and that are still there: seen by one test only, that test left
+it (the test that makes an entry sees it appear; another test sees it too only if it was running at that instant);
+seen by several, it names them all as candidates. Either way it is reported once, in the summary, and the session
+fails, but no test does.
+
+``--global-state-log FILE`` appends one JSON line per test (``{"test": node id, "changed": [[what, change], ...]}``),
+one per worker after collection (``{"collected": N, "folders": {label: path}}``) and, from the controller, one per
+entry it reports (``{"left": what, "tests": [node id, ...]}``): what the census reads.
 """
 
 import json
@@ -52,8 +66,17 @@ FP32_PRECISION = [
     "mkldnn.rnn.fp32_precision",
 ]
 LEGACY_TF32 = ["cudnn.allow_tf32", "cuda.matmul.allow_tf32"]
+# The audit events by which Python code creates a directory entry, and the argument holding its path.
+CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link": 1}
+LEFT = "left behind"
+PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
-_SESSION = {"config": None, "folders": {}, "log": None}
+# shared: an xdist worker beside others; made: what this process created during the current test (its audit hook).
+# On the controller, charged: the entries a worker charged to a test; seen: for each other new entry, the tests that saw
+# it appear; left: (what, tests) for each entry it reports.
+_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": set()}
+_SESSION.update(charged=set(), seen={}, left=[])
+_AUDITING = []
 
 
 class Unreadable:
@@ -165,6 +188,24 @@ def _describe(value) -> str:
     return repr(value)
 
 
+def _note_made(event: str, args: tuple) -> None:
+    """Audit hook of an xdist worker: notes each top-level entry of a watched folder that this process creates."""
+    if event not in CREATING:
+        return
+    try:  # an exception here would abort the operation being audited
+        if event == "open" and not (isinstance(args[2], int) and args[2] & os.O_CREAT):
+            return
+        path = args[CREATING[event]]
+        if isinstance(path, int):
+            return  # a file descriptor
+        path = os.path.abspath(os.fsdecode(path))
+        for label, folder in _SESSION["folders"].items():
+            if path.startswith(os.path.join(folder, "")):
+                _SESSION["made"].add(f"{label}: {os.path.relpath(path, folder).split(os.sep)[0]}")
+    except Exception:  # noqa: BLE001, S110
+        pass
+
+
 def changes(before: dict, after: dict) -> list[tuple[str, str]]:
     """(what changed, how) for each difference between two snapshots."""
     found = []
@@ -175,7 +216,7 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
         if key == "multiprocessing start method" and old is None and new == multiprocessing.get_all_start_methods()[0]:
             continue  # asking for the start method fixes it to the platform's default: nothing changed
         if key in _SESSION["folders"]:
-            found += [(f"{key}: {name}", "left behind") for name in sorted(set(new) - set(old))]
+            found += [(f"{key}: {name}", LEFT) for name in sorted(set(new) - set(old))]
         elif isinstance(old, dict):
             for k in sorted(old.keys() | new.keys()):
                 was, now = old.get(k, "<unset>"), new.get(k, "<unset>")
@@ -232,14 +273,21 @@ def pytest_configure(config):
     _SESSION["folders"] = {"files in the working directory": cwd}
     if os.path.realpath(rootdir) != os.path.realpath(cwd):
         _SESSION["folders"]["files in the rootdir"] = rootdir
+    _SESSION.update(charged=set(), seen={}, left=[])
+    workerinput = getattr(config, "workerinput", None)
+    _SESSION["shared"] = workerinput is not None and workerinput.get("workercount", 2) > 1
+    if _SESSION["shared"] and not _AUDITING:
+        sys.addaudithook(_note_made)  # cannot be removed: installed once per process
+        _AUDITING.append(True)
 
 
 def pytest_collection_finish(session):
-    _log({"collected": len(session.items)})
+    _log({"collected": len(session.items), "folders": _SESSION["folders"]})
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
+    _SESSION["made"] = set()
     _SNAPSHOTS[item.nodeid] = snapshot()
     return (yield)
 
@@ -257,6 +305,14 @@ def _check(item) -> None:
     if before is None:
         return
     changed = changes(before, snapshot())
+    if _SESSION["shared"]:
+        # New entries this process did not make may be another worker's: the controller decides (pytest_sessionfinish).
+        files = [what for what, how in changed if how == LEFT]
+        charged = [what for what in files if what.rstrip("/") in _SESSION["made"]]
+        seen = [what for what in files if what not in charged]
+        changed = [(what, how) for what, how in changed if what not in seen]
+        if files:
+            item.user_properties.append((PROPERTY, {"charged": charged, "seen": seen}))
     _log({"test": item.nodeid, "changed": changed})
     if changed:
         restore(before, changed)
@@ -264,3 +320,38 @@ def _check(item) -> None:
             f"{item.nodeid} left process-global state changed (put back for the next test):\n  "
             + "\n  ".join(f"{what}: {how}" for what, how in changed)
         )
+
+
+def pytest_runtest_logreport(report):
+    if hasattr(_SESSION["config"], "workerinput"):
+        return  # only the controller sees every worker's reports
+    for name, value in report.user_properties:
+        if name == PROPERTY:
+            _SESSION["charged"].update(value["charged"])
+            for what in value["seen"]:
+                _SESSION["seen"].setdefault(what, []).append(report.nodeid)
+
+
+def _there(what: str) -> bool:
+    label, _, name = what.partition(": ")
+    return os.path.lexists(os.path.join(_SESSION["folders"][label], name.rstrip("/")))
+
+
+def pytest_sessionfinish(session):
+    """On the xdist controller: each new entry no worker charged to a test, still there, reported once."""
+    seen, charged = _SESSION["seen"], _SESSION["charged"]
+    left = [(what, sorted(tests)) for what, tests in sorted(seen.items()) if what not in charged and _there(what)]
+    _SESSION["left"] = left
+    for what, tests in left:
+        _log({"left": what, "tests": tests})
+    if left and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SESSION["left"]:
+        return
+    terminalreporter.section("files left behind, attributed at the end of the session", sep="=", red=True)
+    for what, tests in _SESSION["left"]:
+        by = f"by {tests[0]}" if len(tests) == 1 else "while these ran on different workers: " + ", ".join(tests)
+        terminalreporter.line(f"{what}: {LEFT} {by}")

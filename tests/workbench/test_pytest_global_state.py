@@ -1,6 +1,7 @@
 """The global-state plugin (utils/pytest_global_state.py): a test that changes process-global state fails, and the
 next test of the worker starts clean; TF32 settings are read through the running torch's API, plugins' own signal
-handlers are not blamed on the test, and files left in the working directory are named."""
+handlers are not blamed on the test, and files left in the working directory are named: under two xdist workers, against
+the test that left them, never against the one running beside it."""
 
 import importlib.util
 import os
@@ -121,6 +122,38 @@ def test_2_cleans_up():
 """
 
 
+# Under `-n 2`, xdist hands out fewer than 4 tests round-robin: these two run on different workers, and meet at a file
+# barrier (in SYNC, outside the working directory), so that both are running when the two folders appear.
+XDIST_TESTS = """
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SYNC = Path(os.environ["GLOBAL_STATE_SYNC"])
+
+
+def _wait_for(name):
+    deadline = time.monotonic() + 30
+    while not (SYNC / name).exists():
+        assert time.monotonic() < deadline, f"the other worker never reached {name}"
+        time.sleep(0.02)
+
+
+def test_1_leaves_folders():
+    _wait_for("2_running")
+    Path("leftover").mkdir()
+    subprocess.run([sys.executable, "-c", "import os; os.mkdir('made_by_a_child')"], check=True)
+    (SYNC / "1_made").touch()
+
+
+def test_2_runs_beside_it():
+    (SYNC / "2_running").touch()
+    _wait_for("1_made")
+"""
+
+
 def run_pytest(folder: Path, *args: str, **files: str) -> subprocess.CompletedProcess:
     for name, text in files.items():
         (folder / name.replace("__", ".")).write_text(text, encoding="utf-8")
@@ -201,3 +234,28 @@ def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch)
     assert pytest_global_state.changes(before, pytest_global_state.snapshot()) == [
         ("environment: SOME_OTHER_VARIABLE", "'<unset>' -> '1'")
     ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+def test_under_two_workers_a_folder_is_charged_to_the_test_that_left_it_not_to_the_one_beside_it(
+    tmp_path, monkeypatch
+):
+    run, sync = tmp_path / "run", tmp_path / "sync"
+    run.mkdir()
+    sync.mkdir()
+    monkeypatch.setenv("GLOBAL_STATE_SYNC", str(sync))
+    result = run_pytest(run, "-n", "2", test_xdist__py=XDIST_TESTS)
+    out = result.stdout
+    # The workers really overlapped.
+    assert {"1_made", "2_running"} <= {p.name for p in sync.iterdir()}, out
+    assert "2 passed, 1 error" in out, out
+    assert "ERROR at teardown of test_1_leaves_folders" in out, out
+    assert "files in the working directory: leftover/: left behind" in out, out
+    assert "ERROR at teardown of test_2" not in out and "PASSED test_xdist.py::test_2_runs_beside_it" in out, out
+    # Made by a subprocess, it is nobody's Python: reported once, for the session, with both tests that saw it appear.
+    assert "files left behind, attributed at the end of the session" in out, out
+    assert (
+        "files in the working directory: made_by_a_child/: left behind while these ran on different workers: "
+        "test_xdist.py::test_1_leaves_folders, test_xdist.py::test_2_runs_beside_it"
+    ) in out, out
+    assert result.returncode == 1, out
