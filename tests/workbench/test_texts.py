@@ -290,6 +290,12 @@ def test_a_reproduction_that_prints_what_its_text_shows_passes(project, fake_ven
     assert ok.startswith("OK: texts: 1 reproduction(s) in 1 text(s) print what they show (1 run(s): 1 on the pinned")
 
 
+def test_progress_bars_are_off_so_that_none_shares_a_line_with_a_print(project, fake_venv):
+    script = '```python\nimport os\nprint("progress bars off:", os.environ.get("TQDM_DISABLE"))\n```\n'
+    write_text(project / "docs/issues/transformers-t.md", issue({"stock": "progress bars off: 1"}, script))
+    assert verify(project, fake_venv)[0] == []
+
+
 def test_a_reproduction_whose_output_changed_fails_naming_the_text_and_the_line(project, fake_venv):
     write_text(project / "docs/issues/transformers-b.md", issue({"stock": "fixed: True in .\nargs: []"}))
     write_text(project / "docs/issues/transformers-c.md", issue({"stock": "args: []\nfixed: False in ."}))  # order

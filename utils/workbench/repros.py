@@ -21,8 +21,8 @@ folders first on ``PYTHONPATH``), ``fork`` what it prints with the fix (the venv
 ``python`` block with no marker after it (a code sketch) is not run. Its first line may name the file and the
 command, as above; otherwise it is ``repro.py``, run with ``python repro.py``; ``python`` is the venv's interpreter.
 Each run has a new empty working folder, ``HF_HUB_OFFLINE=1``, ``OMP_NUM_THREADS=1``, ``PYTHONUNBUFFERED=1`` (so
-stdout and stderr, read together, keep their order), ``COLUMNS=80`` (pytest's summary lines are cut at the terminal
-width) and ``REPRO_TIMEOUT`` seconds; the runs go in parallel, one per CPU core.
+stdout and stderr, read together, keep their order), ``TQDM_DISABLE=1`` (a progress bar on stderr would share a line
+with the next print), ``COLUMNS=80`` (pytest's summary lines are cut at the terminal width) and ``REPRO_TIMEOUT`` seconds; the runs go in parallel, one per CPU core.
 
 The one rule that compares a run with its text, for every text: **the lines the text shows appear in what the script
 printed (stdout and stderr, split at ``\\n`` and ``\\r``), in the same order**; the other printed lines (the Trainer's
@@ -167,7 +167,7 @@ def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tup
     """Run a reproduction in a new folder: what it printed (normalised) and its exit status (None: past the
     timeout)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="80")
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="80", TQDM_DISABLE="1")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
