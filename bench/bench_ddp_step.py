@@ -3,7 +3,7 @@
 Each launch starts two CPU processes with torchrun (gloo) that train the same tiny GPT-2 with fp16 autocast and a CPU
 `GradScaler` (as the tests do), logging every step, with an overflow forced every 10 steps. A callback times each
 training step in both processes, from one step's beginning to the next one's (forward, backward, all-reduce, optimizer
-step, skip detection, logging). Stock (the pristine 5.24.0 sources, `build/stock/src`, extracted by `make repro`) and
+step, skip detection, logging). Stock (the pristine sources of the pinned releases, `build/stock/src`, left by `make fork`) and
 the fork alternate launch by launch, `--repeats` times, in one run of this script (who goes first alternates too); the
 ratio is fork / stock of the median step time (the first `--warmup` steps of each launch are left out), per repeat and
 overall.

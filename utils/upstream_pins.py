@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the PRs' tests under upstream's own pytest pins and test plugins.
 
-Upstream's ``setup.py`` pins pytest to a range (``pytest>=7.2.0,<9.0.0`` for 5.24.0) and its ``testing`` extra adds
+Upstream's ``setup.py`` pins pytest to a range (``pytest>=7.2.0,<9.0.0`` for 5.24.0 and 5.25.0) and its ``testing`` extra adds
 pytest-xdist, pytest-random-order, pytest-rerunfailures, pytest-timeout and pytest-order. The main venv has the newest
 pytest; this script runs the same tests a second time the way upstream's CI would:
 

@@ -1,4 +1,4 @@
-"""Checkpoints stay portable both ways between the patched Trainer and stock transformers 5.24.0, in fp16 and bf16.
+"""Checkpoints stay portable both ways between the patched Trainer and stock transformers (the pinned release), in fp16 and bf16.
 
 Stock runs in a subprocess with `PYTHONPATH=<pristine src>`, extracted from the fork's `upstream-base` tag; the patched
 Trainer in a subprocess of the fork's editable install. Each run trains a tiny GPT-2 on CPU, in fp16 with a CPU
@@ -83,7 +83,7 @@ print("RESULT " + json.dumps({
 
 @pytest.fixture(scope="module")
 def stock_src(tmp_path_factory):
-    """The pristine 5.24.0 sources, extracted from the fork's `upstream-base` tag."""
+    """The pristine sources of the pinned release, extracted from the fork's `upstream-base` tag."""
     if subprocess.run(
         ["git", "-C", str(FORK), "rev-parse", "-q", "--verify", "upstream-base"], capture_output=True
     ).returncode:
