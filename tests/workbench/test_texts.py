@@ -220,6 +220,11 @@ def test_placeholders_render_to_the_pins_in_checks_and_in_what_leaves_the_reposi
     shipped = (tmp_path / "PR_DESCRIPTION.md").read_text(encoding="utf-8")
     assert "transformers 5.99.0 with torch 2.13.0 (measured on 5.24.0)" in shipped and "{{" not in shipped
     assert texts.word_counts(loaded) == [("docs/pr/trainer-x.md", texts.word_count(shipped), texts.PR_WORDS)]
+    # The reproductions' output markers are for `check` only: what leaves the repository has none
+    write_text(project / "docs/issues/transformers-y.md", issue({"stock": "fixed: False in ."}))
+    pr.write_rendered(loaded, project / "docs/issues/transformers-y.md", tmp_path / "y.md")
+    shipped = (tmp_path / "y.md").read_text(encoding="utf-8")
+    assert "<!--" not in shipped and "```\nfixed: False in .\n```" in shipped
 
 
 def test_a_release_written_out_is_a_problem(project):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .gitutil import ForkError, contributor_env, git
 from .project import Project
+from .repros import MARKER as OUTPUT_MARKER
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
 from .texts import COMMENTS, ISSUE_DIR, LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment, pinned_versions, render
 
@@ -199,10 +200,15 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
     return toc
 
 
-def write_rendered(project: Project, text: Path, dest: Path) -> None:
-    """A text as it leaves the repository: its placeholders replaced by the pinned versions (texts.render)."""
+def rendered(project: Project, text: Path) -> str:
+    """A text as it leaves the repository: its placeholders replaced by the pinned versions (texts.render), without
+    the marker lines of its reproductions' output blocks (repros.MARKER), which only ``check`` reads."""
     body = render(text.read_text(encoding="utf-8"), pinned_versions(project))
-    dest.write_text(body.rstrip() + "\n", encoding="utf-8")
+    return "".join(line for line in body.splitlines(keepends=True) if not OUTPUT_MARKER.match(line.rstrip("\n")))
+
+
+def write_rendered(project: Project, text: Path, dest: Path) -> None:
+    dest.write_text(rendered(project, text).rstrip() + "\n", encoding="utf-8")
 
 
 def write_texts(project: Project, staging: Path) -> list[str]:
@@ -216,7 +222,7 @@ def write_texts(project: Project, staging: Path) -> list[str]:
             write_rendered(project, path, staging / ISSUES_OUT / path.name)
             comment = COMMENTS.get(path.stem)
             where = f" (a comment on {comment.on}, not a new issue)" if comment else ""
-            lines.append(f"- `{ISSUES_OUT}/{path.name}`{where}: {first_heading(path)}")
+            lines.append(f"- `{ISSUES_OUT}/{path.name}`{where}: {first_heading(project, path)}")
         lines.append("")
     outside = [project.root / PR_DIR / f"{name}.md" for name in OUTSIDE_STACK if f"{PR_DIR}/{name}.md" not in LEFT_OUT]
     outside = [path for path in outside if path.is_file()]
@@ -232,9 +238,9 @@ def write_texts(project: Project, staging: Path) -> list[str]:
     return lines
 
 
-def first_heading(path: Path) -> str:
-    """The first line of a text, without its heading marks (what the text is)."""
-    for line in path.read_text(encoding="utf-8").splitlines():
+def first_heading(project: Project, path: Path) -> str:
+    """The first line of a text, rendered, without its heading marks (what the text is)."""
+    for line in rendered(project, path).splitlines():
         if line.strip():
             return line.lstrip("#").strip()
     return path.name
