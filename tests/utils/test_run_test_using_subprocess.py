@@ -72,7 +72,8 @@ class RunTestUsingSubprocessTest(TestCasePlus):
             kwargs["pytestconfig"] = SimpleNamespace(
                 invocation_params=SimpleNamespace(args=[*pytest_args, path]), args=[path]
             )
-        func = eval("lambda **kwargs: None", {"__file__": path})  # a test of that file
+        # A function defined in that file: the decorator reruns the current test of `func.__globals__["__file__"]`
+        func = eval("lambda **kwargs: None", {"__file__": path})
         # The subprocess loads no plugins (a faster start), and gets no option of this run's plugins
         env = {
             "PYTEST_CURRENT_TEST": f"{path}::{test} (call)",
