@@ -133,7 +133,9 @@ def census(tests: Path, workers: int, pytest_args: list[str]) -> int:
         cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
         cmd += [f"--global-state-log={log}", "-q", "-rN", str(tests)]
         cmd += (["-n", str(workers)] if workers else []) + pytest_args
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(UTILS), os.environ.get("PYTHONPATH")])))
+        # pytest runs from the tree's root: a relative PYTHONPATH entry (e.g. build/stock/src) means the caller's folder
+        paths = [str(UTILS)] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         print(f"census: {' '.join(cmd[1:])} (in {root})", file=sys.stderr)
         last = [time.monotonic()]
         with open(output, "w", encoding="utf-8") as out:

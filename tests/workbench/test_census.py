@@ -77,10 +77,12 @@ def test_3_leaves_a_variable():
 """
 
 
-def run_census(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_census(*args: str, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
     # As from a shell: not the variables of this pytest run (under -n, its worker's PYTEST_XDIST_WORKER).
     ours = ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "CENSUS_LEAK")
     env = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith("PYTEST_XDIST")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return subprocess.run(
         [sys.executable, str(CENSUS), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
@@ -110,6 +112,20 @@ def test_the_census_groups_the_tests_by_what_they_changed_from_the_trees_root(tm
     assert not (project / "leftover").exists() and not (elsewhere / "leftover").exists()
     # The command it runs, pytest's arguments included (progress lines only come every 30 s off a terminal).
     assert "census: " in result.stderr and "-k not deselected" in result.stderr, result.stderr
+
+
+def test_a_relative_pythonpath_means_the_callers_folder(tmp_path):
+    # As in `PYTHONPATH=build/stock/src .venv/bin/python utils/census.py ...`: pytest runs from the tree's root
+    (tmp_path / "stock").mkdir()
+    (tmp_path / "stock" / "census_probe.py").write_text("WHERE = 'stock'\n", encoding="utf-8")
+    (tmp_path / "tree").mkdir()
+    test = "import census_probe\n\n\ndef test_stock():\n    assert census_probe.WHERE == 'stock'\n"
+    (tmp_path / "tree" / "test_probe.py").write_text(test, encoding="utf-8")
+
+    result = run_census("tree", cwd=tmp_path, pythonpath="stock")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "pytest: 1 passed" in result.stdout, result.stdout
 
 
 def test_bad_input_exits_2_with_a_message(tmp_path):
