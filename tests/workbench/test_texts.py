@@ -301,6 +301,19 @@ def test_progress_bars_are_off_so_that_none_shares_a_line_with_a_print(project, 
     assert verify(project, fake_venv)[0] == []
 
 
+def test_a_reproduction_runs_in_a_reviewers_shell_not_in_the_callers_environment(project, fake_venv, monkeypatch):
+    # a CI runner's CI=true changes what run_test_using_subprocess's reproduction prints and stops pytest from cutting
+    # its summary lines; make test exports RUN_SLOW
+    for name, value in (("CI", "true"), ("BUILD_NUMBER", "7"), ("PYTEST_ADDOPTS", "-x"), ("RUN_SLOW", "1")):
+        monkeypatch.setenv(name, value)
+    names = "CI", "BUILD_NUMBER", "PYTEST_ADDOPTS", "RUN_SLOW", "HOME"
+    script = f'```python\nimport os\nprint("seen:", *[os.environ.get(n) is not None for n in {names}])\n```\n'
+    write_text(
+        project / "docs/issues/transformers-e.md", issue({"stock": "seen: False False False False True"}, script)
+    )
+    assert verify(project, fake_venv)[0] == []
+
+
 def test_a_reproduction_whose_output_changed_fails_naming_the_text_and_the_line(project, fake_venv):
     write_text(project / "docs/issues/transformers-b.md", issue({"stock": "fixed: True in .\nargs: []"}))
     write_text(project / "docs/issues/transformers-c.md", issue({"stock": "args: []\nfixed: False in ."}))  # order

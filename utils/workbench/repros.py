@@ -20,9 +20,11 @@ folders first on ``PYTHONPATH``), ``fork`` what it prints with the fix (the venv
 ``PYTHONPATH``); a text may show one or both. The script is the nearest ```` ```python ```` block above the marker; a
 ``python`` block with no marker after it (a code sketch) is not run. Its first line may name the file and the
 command, as above; otherwise it is ``repro.py``, run with ``python repro.py``; ``python`` is the venv's interpreter.
-Each run has a new empty working folder, ``HF_HUB_OFFLINE=1``, ``OMP_NUM_THREADS=1``, ``PYTHONUNBUFFERED=1`` (so
-stdout and stderr, read together, keep their order), ``TQDM_DISABLE=1`` (a progress bar on stderr would share a line
-with the next print), ``COLUMNS=80`` (pytest's summary lines are cut at the terminal width) and ``REPRO_TIMEOUT`` seconds; the runs go in parallel, one per CPU core.
+Each run has a new empty working folder and the environment of a reviewer's shell (``PATH``, ``HOME``, the locale and
+a few more, nothing else of the caller's: no ``CI``, ``PYTEST_ADDOPTS`` or ``RUN_SLOW``), with ``HF_HUB_OFFLINE=1``,
+``OMP_NUM_THREADS=1``, ``PYTHONUNBUFFERED=1`` (so stdout and stderr, read together, keep their order),
+``TQDM_DISABLE=1`` (a progress bar on stderr would share a line with the next print), ``COLUMNS=80`` (pytest's summary
+lines are cut at the terminal width) and ``REPRO_TIMEOUT`` seconds; the runs go in parallel, one per CPU core.
 
 The one rule that compares a run with its text, for every text: **the lines the text shows appear in what the script
 printed (stdout and stderr, split at ``\\n`` and ``\\r``), in the same order**; the other printed lines (the Trainer's
@@ -163,10 +165,16 @@ def first_missing(shown: list[str], printed: list[str]) -> int | None:
     return None
 
 
+# What a reviewer's own shell passes on. Nothing else of the caller's environment reaches a reproduction: a CI runner's
+# ``CI=true`` both changes what the decorator's reproduction prints and makes pytest stop cutting summary lines, and
+# ``make test`` exports ``RUN_SLOW`` and xdist its worker variables.
+SHELL_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TMPDIR"}
+
+
 def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tuple[str, int | None]:
     """Run a reproduction in a new folder: what it printed (normalised) and its exit status (None: past the
     timeout)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k in SHELL_ENV or k.startswith("LC_")}
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="80", TQDM_DISABLE="1")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
