@@ -178,6 +178,7 @@ class TrainerLoadScalerTest(TestCasePlus):
         scaler_state = torch.amp.GradScaler("cpu", init_scale=256.0).state_dict()
         checkpoint, out = self.load_scaler(precision, scaler, scaler_state)
         self.assertIn(f"Not loading scaler.pt from {checkpoint}: this run does not scale the loss.", out)
+        self.assertEqual(self.load_scaler(precision, scaler, scaler_state, level=logging.WARNING)[1], "")  # info
         self.assertEqual(self.load_scaler(precision, scaler)[1], "")  # no scaler.pt, nothing to say
 
     def test_resume_with_scaler_state(self):
