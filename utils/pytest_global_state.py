@@ -6,10 +6,22 @@ the same pytest worker would inherit: torch's default dtype, deterministic-algor
 matmul precision (through the API the running torch uses: the ``fp32_precision`` settings where torch has them, the
 legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts, the environment
 (``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the working directory,
-the files and folders at the top of the working directory (and of pytest's rootdir where it differs), the log levels,
-the ``torch.backends`` modules and the non-daemon threads alive. After the test's tear-down it takes another; any
-difference is an error of that test's tear-down, and the state is put back so that the next test starts clean (files
-left behind are named, not deleted).
+the files and folders at the top of the working directory (and of pytest's rootdir where it differs), ``sys.path``, the
+levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch`` loggers, ``logging.disable``'s level
+and the non-daemon threads alive. After the test's tear-down it takes another; any difference is an error of that
+test's tear-down, and the state is put back so that the next test starts clean (files left behind are named, not
+deleted; threads are left running).
+
+Only what the test did counts. A non-daemon thread is the test's when it was not alive before the set-up and still is
+after the tear-down: one that ends during a test (another test's, or a library's) is nobody's change. A library's
+logger that the library configures when it is first imported (``transformers`` sets its level and adds its handler)
+is not compared in a test during which that library was first imported; a module's first import changes nothing else
+the snapshot holds (``import torch.backends.xnnpack`` is not a change). The handlers pytest's log capture adds to the
+root logger around each phase are pytest's.
+
+Not checked, deliberately: the global random generators (``random``, numpy's, torch's), which most tests that train
+or sample advance or seed, while a test that needs a sequence seeds it; ``warnings.filters``, which pytest's warnings
+plugin puts back after every test itself; daemon threads (tqdm's monitor), which do not keep the process alive.
 
 A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
 signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
