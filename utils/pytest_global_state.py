@@ -19,8 +19,9 @@ is not compared in a test during which that library was first imported; a module
 the snapshot holds (``import torch.backends.xnnpack`` is not a change). The handlers pytest's log capture adds to the
 root logger around each phase are pytest's.
 
-Not checked, deliberately: the global random generators (``random``, numpy's, torch's), which most tests that train
-or sample advance or seed, while a test that needs a sequence seeds it; ``warnings.filters``, which pytest's warnings
+Not checked, deliberately (the README's Census section has the measurements): the global random generators
+(``random``, numpy's, torch's), which a third of upstream's ``tests/trainer`` tests advance or seed, none wrongly (the
+test that suffers reads one unseeded, and a comparison cannot name it); ``warnings.filters``, which pytest's warnings
 plugin puts back after every test itself; daemon threads (tqdm's monitor), which do not keep the process alive.
 
 A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
