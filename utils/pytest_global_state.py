@@ -6,10 +6,23 @@ the same pytest worker would inherit: torch's default dtype, deterministic-algor
 matmul precision (through the API the running torch uses: the ``fp32_precision`` settings where torch has them, the
 legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts, the environment
 (``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the working directory,
-the files and folders at the top of the working directory (and of pytest's rootdir where it differs), the log levels,
-the ``torch.backends`` modules and the non-daemon threads alive. After the test's tear-down it takes another; any
-difference is an error of that test's tear-down, and the state is put back so that the next test starts clean (files
-left behind are named, not deleted).
+the files and folders at the top of the working directory (and of pytest's rootdir where it differs), ``sys.path``, the
+levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch`` loggers, ``logging.disable``'s level
+and the non-daemon threads alive. After the test's tear-down it takes another; any difference is an error of that
+test's tear-down, and the state is put back so that the next test starts clean (files left behind are named, not
+deleted; threads are left running).
+
+Only what the test did counts. A non-daemon thread is the test's when it was not alive before the set-up and still is
+after the tear-down: one that ends during a test (another test's, or a library's) is nobody's change. A library's
+logger that the library configures when it is first imported (``transformers`` sets its level and adds its handler)
+is not compared in a test during which that library was first imported; a module's first import changes nothing else
+the snapshot holds (``import torch.backends.xnnpack`` is not a change). The handlers pytest's log capture adds to the
+root logger around each phase are pytest's.
+
+Not checked, deliberately (the README's Census section has the measurements): the global random generators
+(``random``, numpy's, torch's), which a third of upstream's ``tests/trainer`` tests advance or seed, none wrongly (the
+test that suffers reads one unseeded, and a comparison cannot name it); ``warnings.filters``, which pytest's warnings
+plugin puts back after every test itself; daemon threads (tqdm's monitor), which do not keep the process alive.
 
 A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
 signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
@@ -69,6 +82,8 @@ LEGACY_TF32 = ["cudnn.allow_tf32", "cuda.matmul.allow_tf32"]
 # The audit events by which Python code creates a directory entry, and the argument holding its path.
 CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link": 1}
 LEFT = "left behind"
+LOGGERS = ["", "transformers", "accelerate", "torch"]  # "" is the root logger
+IMPORTED = "imported"  # a snapshot's record of which of LOGGERS' libraries were imported: compared, never reported
 PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
 # shared: an xdist worker beside others; made: what this process created during the current test (its audit hook).
@@ -162,23 +177,29 @@ def snapshot() -> dict:
     state["working directory"] = os.getcwd()
     for label, folder in _SESSION["folders"].items():
         state[label] = _entries(folder)
-    loggers = ["", "transformers", "accelerate", "torch"]
-    state["log levels"] = {name or "root": logging.getLogger(name).level for name in loggers}
-    state["torch.backends modules"] = sorted(m for m in sys.modules if m.startswith("torch.backends"))
-    # Daemon threads (tqdm's monitor, ...) do not keep the process alive; the others do.
-    state["non-daemon threads"] = sorted(t.name for t in threading.enumerate() if not t.daemon)
+    state["log levels"] = {name or "root": logging.getLogger(name).level for name in LOGGERS}
+    state["logging handlers"] = {name or "root": list(logging.getLogger(name).handlers) for name in LOGGERS}
+    state["logging.disable level"] = logging.root.manager.disable
+    # A library configures its own logger when it is first imported: not a change made by the test that imports it.
+    state[IMPORTED] = {name: name in sys.modules for name in LOGGERS if name}
+    state["sys.path"] = list(sys.path)
+    # Daemon threads (tqdm's monitor, ...) do not keep the process alive; the others do. Compared by identity: a thread
+    # that ends is nobody's change, a new one still running is the test's.
+    state["non-daemon threads"] = [t for t in threading.enumerate() if not t.daemon]
     return state
 
 
-def _plugin_handler(handler) -> bool:
-    """Whether a signal handler is the default or a function of a registered pytest plugin (conftest files included)."""
-    if handler in (signal.SIG_DFL, None):
-        return True
+def _plugins_own(module) -> bool:
+    """Whether ``module`` (a module name) is a registered pytest plugin's (conftest files included)."""
     config = _SESSION["config"]
-    module = getattr(handler, "__module__", None)
     if config is None or module is None:
         return False
     return any(getattr(plugin, "__name__", None) == module for plugin in config.pluginmanager.get_plugins())
+
+
+def _plugin_handler(handler) -> bool:
+    """Whether a signal handler is the default or a function of a registered pytest plugin."""
+    return handler in (signal.SIG_DFL, None) or _plugins_own(getattr(handler, "__module__", None))
 
 
 def _describe(value) -> str:
@@ -206,21 +227,47 @@ def _note_made(event: str, args: tuple) -> None:
         pass
 
 
+def _added_and_removed(old: list, new: list) -> list[str]:
+    added, removed = [x for x in new if x not in old], [x for x in old if x not in new]
+    return [
+        f"{word} {', '.join(map(repr, items))}" for word, items in (("added", added), ("removed", removed)) if items
+    ]
+
+
 def changes(before: dict, after: dict) -> list[tuple[str, str]]:
     """(what changed, how) for each difference between two snapshots."""
     found = []
+    # The loggers of the libraries first imported during the test: their import configured them.
+    first_imported = {name for name, was in before[IMPORTED].items() if not was and after[IMPORTED].get(name)}
     for key in before:
         old, new = before[key], after.get(key)
-        if old == new:
+        if old == new or key == IMPORTED:
             continue
         if key == "multiprocessing start method" and old is None and new == multiprocessing.get_all_start_methods()[0]:
             continue  # asking for the start method fixes it to the platform's default: nothing changed
         if key in _SESSION["folders"]:
             found += [(f"{key}: {name}", LEFT) for name in sorted(set(new) - set(old))]
+        elif key == "non-daemon threads":
+            started = [thread.name for thread in new if thread not in old]  # one that ended is not a change
+            if started:
+                found.append((key, "started, still running: " + ", ".join(map(repr, started))))
+        elif key == "sys.path":
+            found.append((key, "; ".join(_added_and_removed(old, new)) or f"reordered: {old!r} -> {new!r}"))
+        elif key == "logging handlers":
+            for name in old:
+                if name in first_imported:
+                    continue
+                # pytest's log capture adds its own handlers to the root logger around each phase of a test
+                added = [h for h in new[name] if h not in old[name] and not _plugins_own(type(h).__module__)]
+                how = "; ".join(_added_and_removed(old[name], [h for h in old[name] if h in new[name]] + added))
+                if how:
+                    found.append((f"{key}: {name}", how))
         elif isinstance(old, dict):
             for k in sorted(old.keys() | new.keys()):
                 was, now = old.get(k, "<unset>"), new.get(k, "<unset>")
-                if was == now or (key == "signal handlers" and _plugin_handler(was) and _plugin_handler(now)):
+                if was == now or (key == "log levels" and k in first_imported):
+                    continue
+                if key == "signal handlers" and _plugin_handler(was) and _plugin_handler(now):
                     continue  # a plugin's own handler, installed or reset by the plugin: not the test's doing
                 shown = (_describe(was), _describe(now)) if key == "signal handlers" else (repr(was), repr(now))
                 found.append((f"{key}: {k}", " -> ".join(shown)))
@@ -230,7 +277,7 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
 
 
 def restore(before: dict, changed: list[tuple[str, str]]) -> None:
-    """Puts back what changed and can be put back (not threads, modules, files or the inter-op thread count)."""
+    """Puts back what changed and can be put back (not threads, files or the inter-op thread count)."""
     for name, _, set_value in _flags():
         value = before.get(name)
         if name not in before or isinstance(value, Unreadable):
@@ -248,7 +295,20 @@ def restore(before: dict, changed: list[tuple[str, str]]) -> None:
             signal.signal(signal.Signals[name], handler)
     os.chdir(before["working directory"])
     for name, level in before["log levels"].items():
-        logging.getLogger("" if name == "root" else name).setLevel(level)
+        if f"log levels: {name}" in reported:
+            logging.getLogger("" if name == "root" else name).setLevel(level)
+    if "logging.disable level" in reported:
+        logging.disable(before["logging.disable level"])
+    if "sys.path" in reported:
+        sys.path[:] = before["sys.path"]
+    for name, handlers in before["logging handlers"].items():
+        if f"logging handlers: {name}" in reported:
+            logger = logging.getLogger("" if name == "root" else name)
+            for handler in logger.handlers[:]:
+                if handler not in handlers and not _plugins_own(type(handler).__module__):
+                    logger.removeHandler(handler)
+            for handler in handlers:
+                logger.addHandler(handler)  # does nothing for a handler still there
 
 
 def _log(record: dict) -> None:

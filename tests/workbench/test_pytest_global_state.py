@@ -5,6 +5,7 @@ the test that left them, never against the one running beside it."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,13 @@ import torch
 
 
 UTILS = Path(__file__).resolve().parents[2] / "utils"
+LEAKS_SUITE = Path(__file__).with_name("global_state_leaks.py")
 
 POISON = """
+import logging
 import os
 import signal
+import sys
 
 import torch
 
@@ -27,6 +31,10 @@ def test_1_leaves_dtype_env_and_signal():
     torch.use_deterministic_algorithms(True)
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.path.insert(0, "/nonexistent/leaked")
+    logging.getLogger().addHandler(logging.NullHandler())
+    logging.getLogger("transformers").addHandler(logging.NullHandler())
+    logging.disable(logging.INFO)
 
 
 def test_2_starts_clean():
@@ -34,6 +42,10 @@ def test_2_starts_clean():
     assert not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert "/nonexistent/leaked" not in sys.path
+    assert not any(type(h) is logging.NullHandler for h in logging.getLogger().handlers)  # pytest adds a subclass
+    assert logging.getLogger("transformers").handlers == []
+    assert logging.root.manager.disable == logging.NOTSET
 
 
 def test_3_restores_what_it_changes(monkeypatch):
@@ -181,6 +193,29 @@ def test_a_test_that_changes_global_state_fails_and_the_next_starts_clean(tmp_pa
     assert "torch deterministic algorithms (enabled, warn_only): (False, False) -> (True, False)" in out
     assert "environment: CUBLAS_WORKSPACE_CONFIG: '<unset>' -> ':4096:8'" in out
     assert "signal handlers: SIGTERM: <Handlers.SIG_DFL: 0> -> <Handlers.SIG_IGN: 1>" in out
+    assert "sys.path: added '/nonexistent/leaked'" in out
+    assert "logging handlers: root: added <NullHandler (NOTSET)>" in out
+    assert "logging handlers: transformers: added <NullHandler (NOTSET)>" in out
+    assert "logging.disable level: 0 -> 20" in out
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "loadfile"]], ids=["serial", "two-workers"])
+def test_each_leak_is_charged_to_its_test_and_no_clean_test_is_blamed(tmp_path, workers):
+    """The synthetic suite (global_state_leaks.py): an error for each `test_leaks_*` test and for nothing else; a
+    thread ending during a later test and modules first imported do not count. Under `-n 2` the file runs on one
+    worker (`--dist loadfile`), so that the thread still ends during a later test of the same worker."""
+    if workers and importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed")
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed (the suite's first import of it)")
+    source = LEAKS_SUITE.read_text(encoding="utf-8")
+    out = run_pytest(tmp_path, *workers, test_leaks__py=source).stdout
+    tests = re.findall(r"^def (test_\w+)", source, re.MULTILINE)
+    errors = set(re.findall(r"^ERROR test_leaks\.py::(\w+)", out, re.MULTILINE))
+    assert errors == {test for test in tests if test.startswith("test_leaks_")}, out
+    assert f"{len(tests)} passed, {len(errors)} errors" in out, out
+    assert "non-daemon threads: started, still running: 'short-lived'" in out, out
+    assert "logging handlers: root: added <StreamHandler" in out, out
 
 
 @pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API")
