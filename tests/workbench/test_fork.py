@@ -176,8 +176,9 @@ def exported_files(root: Path) -> dict[str, bytes]:
 def fake_venv(tmp_path: Path) -> Path:
     """A virtual environment whose python is this one (for the level tests)."""
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin/python").symlink_to(sys.executable)
+    if not (venv / "bin/python").exists():  # one per test, however many commands it runs
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin/python").symlink_to(sys.executable)
     return venv
 
 
@@ -1148,6 +1149,20 @@ def test_upgrade_leaves_a_conflict_ready_to_edit(project, tmp_path, monkeypatch,
         ]
         == "1.1"
     )
+    # but the stock sources (and the venv) stay on the releases the forks were built on, and the way back is printed
+    stock = project / "build/stock/src/transformers/__init__.py"
+    assert stock.read_text(encoding="utf-8") == "__version__ = '1.0'\n"
+    assert "skipped while a PR conflicts: the venv and build/stock/src stay on fakepkg 1.0, fakeacc 1.0" in out
+    back = "Or go back to fakepkg 1.0 and fakeacc 1.0 (the venv and build/stock/src are still on them):\n"
+    back += "  git checkout -- patches/config.json patches/transformers patches/accelerate\n"
+    back += "  make fork FORK_ARGS=--force"
+    assert back in out
+    sh(project, "git", "checkout", "--", "patches/config.json", "patches/transformers", "patches/accelerate")
+    assert run(project, "build", "--force") == 0
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert not (fork_dir(project) / ".git/rebase-apply").exists()
+    assert "line 20 patched" in (fork_dir(project) / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    assert run(project, "check") == 0
 
 
 def test_upgrade_reports_a_pr_possibly_fixed_upstream(project, tmp_path, monkeypatch, capsys):
@@ -1187,3 +1202,69 @@ def test_upgrade_that_fails_changes_nothing(project, tmp_path, monkeypatch, caps
     assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
     assert sh(project, "git", "status", "--porcelain") == ""
     assert not list(project.glob("build/.*upgrade*"))
+
+
+def test_upgrade_to_an_older_release_needs_allow_older(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    config = (project / "patches/config.json").read_bytes()
+    use_index(monkeypatch, tmp_path / "index")
+    files = {**UPSTREAM_FILES, "src/transformers/__init__.py": "__version__ = '0.9'\n"}
+    index_sdist(tmp_path / "index", "fakepkg", "0.9", files)
+    index_sdist(tmp_path / "index", "fakeacc", "1.1", ACCELERATE_FILES)
+    capsys.readouterr()
+    assert upgrade(project, tmp_path, "--transformers", "0.9") == 1
+    assert "fakepkg 0.9 is older than the pinned 1.0: moving back needs --allow-older" in capsys.readouterr().err
+    assert (project / "patches/config.json").read_bytes() == config
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert upgrade(project, tmp_path, "--transformers", "0.9", "--allow-older") == 0
+    assert "transformers: 1.0 -> 0.9" in capsys.readouterr().out
+    assert (
+        json.loads((project / "patches/config.json").read_text(encoding="utf-8"))["upstreams"]["transformers"][
+            "version"
+        ]
+        == "0.9"
+    )
+
+
+def test_upgrade_when_already_up_to_date_says_so_and_stops(project, tmp_path, monkeypatch, capsys):
+    use_index(monkeypatch, tmp_path / "index")
+    for name, package, files in (
+        ("transformers", "fakepkg", UPSTREAM_FILES),
+        ("accelerate", "fakeacc", ACCELERATE_FILES),
+    ):
+        set_pin(project, name, sha256=index_sdist(tmp_path / "index", package, "1.0", files))  # the pinned releases
+        (project / f"build/cache/{package}-1.0.tar.gz").write_bytes(
+            (tmp_path / f"index/{package}-1.0.tar.gz").read_bytes()
+        )
+    sh(project, "git", *USER, "commit", "-q", "-am", "the releases on the index")
+    make_stack(project)
+    config = (project / "patches/config.json").read_bytes()
+    head = sh(fork_dir(project), "git", "rev-parse", "HEAD")
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Already up to date: the pins are fakepkg 1.0 and fakeacc 1.0 (the newest on the package index); nothing was "
+        "changed (--force rebuilds and retests)." in out
+    )
+    assert "[2/6]" not in out
+    assert upgrade(project, tmp_path, "--transformers", "1.0") == 0
+    assert "Already up to date: the pins are fakepkg 1.0 and fakeacc 1.0; nothing" in capsys.readouterr().out
+    assert (project / "patches/config.json").read_bytes() == config
+    assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
+    assert upgrade(project, tmp_path, "--force") == 0
+    out = capsys.readouterr().out
+    assert "[2/6] Downloading" in out and "The stack is ready." in out
+
+
+def test_upgrade_refuses_to_overwrite_uncommitted_pins_or_patches(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    use_index(monkeypatch, tmp_path / "index")
+    new_release(tmp_path / "index")
+    config = (project / "patches/config.json").read_bytes() + b"\n"  # an edit of one's own, not committed
+    (project / "patches/config.json").write_bytes(config)
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "upgrade rewrites these, which have uncommitted changes: patches/config.json" in err
+    assert (project / "patches/config.json").read_bytes() == config
