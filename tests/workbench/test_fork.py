@@ -587,6 +587,7 @@ def test_pr_needs_the_contributor_identity_and_leaves_dist_alone(project, tmp_pa
     assert run(project, "pr", "--out", str(out)) == 1
     err = capsys.readouterr().err
     assert "git user.name and user.email are not set" in err and "git config --global user.email" in err
+    assert "or run `make pr AUTHOR='Name <email>'`." in err  # the make variable that passes --author
     sh(project, "git", "config", "user.name", "Local Dev")
     sh(project, "git", "config", "user.email", "local@example.invalid")
     # A series that does not apply at its level, found while writing: nothing in dist/ changes
@@ -643,6 +644,21 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     assert run(project, "check", *args) == 1
     err = capsys.readouterr().err
     assert f"FAIL: PR {PR1}: its tests failed (pytest exit status 4) at its level, fakepkg 1.0 + {PR1}" in err
+
+
+def test_level_tests_run_in_a_defined_environment(project, tmp_path, monkeypatch, capsys):
+    """`make upgrade ACCELERATE=1.16.0` put ACCELERATE into the environment of the level tests, whose upstream test
+    helpers delete every variable named like it, so that the global-state plugin failed them."""
+    test = project / "tests/trainer/test_loss_scale.py"
+    write(
+        test,
+        test.read_text(encoding="utf-8") + "\n\ndef test_like_upstreams_helpers():\n"
+        "    import os\n\n    for key in [k for k in os.environ if 'ACCELERATE' in k]:\n        del os.environ[key]\n",
+    )
+    for name, value in (("ACCELERATE", "1.16.0"), ("ACCELERATE_MIXED_PRECISION", "bf16"), ("PYTEST_ADDOPTS", "-x")):
+        monkeypatch.setenv(name, value)
+    assert run(project, "check", "--venv", str(fake_venv(tmp_path)), "--tests", "--pytest-args=-q") == 0
+    assert f"== PR {PR1}: its tests pass at its level" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

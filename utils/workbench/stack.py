@@ -6,7 +6,7 @@ with ``git am``. A PR that depends on nothing stands alone on the pristine base.
 order, so the series must also apply one PR after the other. ``check`` builds both in a scratch repository (one per
 upstream: the whole stack at HEAD, one tag ``level/<name>`` per PR, ``deps/<name>`` for its dependencies alone) and runs
 each PR's own tests at its level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the
-editable fork, is imported; then once more without the PR's fix (its changes outside ``tests/`` undone, or, for a PR of
+editable fork, is imported, in the environment of every test run (testenv.py: none of the caller's other variables); then once more without the PR's fix (its changes outside ``tests/`` undone, or, for a PR of
 regression tests only, its ``mutation`` applied), where they must fail.
 """
 
@@ -25,6 +25,7 @@ from .overlay import add_overlay, read_overlay, repo_path, under_roots
 from .project import Project, Upstream, read_json
 from .series import apply_patches, read_series
 from .sources import BASE_REF, create_pristine, obtain_sdist
+from .testenv import clean_test_env
 
 
 # The workbench's pytest plugins (``pytest_global_state``) live in ``utils/``.
@@ -421,11 +422,8 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     guard.mkdir(exist_ok=True)
     (guard / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
     src = checkout / "src"
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join(
-            [str(src), *map(str, stock), str(guard), str(UTILS)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
+    env = clean_test_env(  # none of the caller's other variables (testenv.py)
+        PYTHONPATH=os.pathsep.join([str(src), *map(str, stock), str(guard), str(UTILS)]),
         WORKBENCH_LEVEL_PACKAGE=upstream.module,
         WORKBENCH_LEVEL_SRC=str(src),
     )
@@ -437,7 +435,7 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
         # Quiet (transformers' log_cli would name each test with its outcome), one line per traceback, no summary, in
         # the pytest a test starts in a subprocess too: a log reader must not take expected failures for failures
         quiet = "-q -o log_cli=false --tb=line -rN"
-        env["PYTEST_ADDOPTS"] = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), quiet]))
+        env["PYTEST_ADDOPTS"] = quiet
     cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
