@@ -1284,3 +1284,51 @@ def test_upgrade_refuses_to_overwrite_uncommitted_pins_or_patches(project, tmp_p
     err = capsys.readouterr().err
     assert "upgrade rewrites these, which have uncommitted changes: patches/config.json" in err
     assert (project / "patches/config.json").read_bytes() == config
+
+
+def test_changing_a_prs_commit_as_the_readme_says_rewrites_its_patch(project, capsys):
+    """A plain commit in the fork becomes a new patch of no PR (and the last patch gained a blank line); the README's
+    commands fold the change into the PR's own commit."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("To change a PR's existing commit") :]
+    block = block[block.index("```bash\n") + 8 : block.index("```\n", block.index("```bash\n") + 8)]
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("git ")]
+    assert commands == [
+        "git add src/transformers/trainer.py",
+        'git commit --fixup=":/Trainer: resume fp16 checkpoints without a matching loss scaler"',
+        "git -c sequence.editor=: rebase -i --autosquash workbench-overlay",
+    ]
+    patches = make_stack(project)
+    before = {name: path.read_bytes() for name, path in patches.items()}
+    fork = fork_dir(project)
+    trainer = (fork / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    write(fork / "src/transformers/trainer.py", trainer.replace("line 5\n", "line 5 patched\n"))
+    identity = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.invalid"}
+    identity.update(GIT_COMMITTER_NAME="Dev", GIT_COMMITTER_EMAIL="dev@example.invalid")
+    for command in commands:  # PR1's commit is "Patch the trainer" here
+        command = command.replace(
+            "Trainer: resume fp16 checkpoints without a matching loss scaler", "Patch the trainer"
+        )
+        proc = subprocess.run(command, shell=True, cwd=fork, capture_output=True, text=True, env={**os.environ, **identity})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    capsys.readouterr()
+    assert run(project, "export") == 0
+    out = capsys.readouterr().out
+    assert "belongs to no PR" not in out and "note:" not in out
+    assert sorted(p.name for p in (project / "patches/transformers").glob("*.patch")) == sorted(
+        p.name for name, p in patches.items() if name != "accelerate-skips"
+    )
+    assert "+line 5 patched" in patches[PR1].read_text(encoding="utf-8")
+    # The later PR's patch of the same file: at most its `index` lines and line numbers move
+    from workbench.series import moved_only
+
+    assert moved_only(before["trainer-logging"], patches["trainer-logging"].read_bytes())
+    assert run(project, "check") == 0
+
+    # A plain commit instead: export names the new patch as belonging to no PR, and says how to fold it in
+    trainer = (fork / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    commit_in_fork(project, "More", {"src/transformers/trainer.py": trainer.replace("line 22\n", "line 22 more\n")})
+    assert run(project, "export") == 0
+    out = capsys.readouterr().out
+    assert "belongs to no PR" in out
+    assert 'git commit --fixup=":/<its subject>", then git -c sequence.editor=: rebase -i --autosquash' in out
