@@ -1309,7 +1309,9 @@ def test_changing_a_prs_commit_as_the_readme_says_rewrites_its_patch(project, ca
         command = command.replace(
             "Trainer: resume fp16 checkpoints without a matching loss scaler", "Patch the trainer"
         )
-        proc = subprocess.run(command, shell=True, cwd=fork, capture_output=True, text=True, env={**os.environ, **identity})
+        proc = subprocess.run(
+            command, shell=True, cwd=fork, capture_output=True, text=True, env={**os.environ, **identity}
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     capsys.readouterr()
     assert run(project, "export") == 0
