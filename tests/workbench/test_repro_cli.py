@@ -54,6 +54,7 @@ def test_end_to_end_stock_and_fork(tmp_path):
     assert stock["no_scaler_pt"]["loss_scale_observed_by_repro"]
     assert stock["no_scaler_pt"]["messages"] == []
     assert any(verdicts.MISSING_SCALER_WARNING in message for message in fork["no_scaler_pt"]["messages"])
+    assert all(m.startswith("INFO: ") for m in fork["no_scaler_pt"]["messages"])  # as the repro docstring says
 
     assert stock["bf16_resume"]["status"] == "crashed"
     assert stock["bf16_resume"]["verdict"].startswith("crashes: AttributeError")
