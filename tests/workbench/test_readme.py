@@ -26,7 +26,7 @@ def test_the_readme_lists_every_field_of_stack_json():
 
 def test_the_readme_numbers_the_pr_of_the_upstream_test_edit_as_its_table_does():
     (position,) = [i for i, entry in enumerate(STACK, 1) if entry.get("upstream_test_patch")]
-    table = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| `([a-z0-9-]+)` \|", README, re.M)}
+    table = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| `([a-z0-9-]+)` \|", README, re.MULTILINE)}
     assert table[position] == STACK[position - 1]["name"]
     assert re.findall(r"`tests/trainer/test_trainer_jit_checkpoint\.py` for PR (\d)", README) == [str(position)]
 
