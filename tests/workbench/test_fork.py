@@ -635,9 +635,11 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     # And without its fix (here: its patches outside tests/ undone), each PR's tests fail
     for pr in (PR1, "trainer-logging", "accelerate-skips"):
         assert f"== PR {pr}: its tests fail without its fix (its changes outside tests/ undone), as they must" in out
-    # naming the tests that failed, never in words a log reader would take for a failure of the run
-    assert len(re.findall(r"as they must \(\d+ s\): test_\w+$", out, flags=re.MULTILINE)) == 2
-    assert "FAILED" not in out
+    # naming the tests that failed, with the first line of the message, never in words a log reader would take for a
+    # failure of the run, and quietly: no traceback, captured output or warnings summary
+    assert len(re.findall(r"as they must \(\d+ s\): test_\w+ \(AssertionError: .*\)$", out, flags=re.M)) == 2, out
+    for noise in ("FAILED", "Traceback", "FAILURES", "Captured", "warnings summary", "def test_"):
+        assert noise not in out, noise
 
     # PR1's tests need PR2's change: they fail at PR1's level although they pass on the whole fork
     add_to_stack(project, PR1, tests=["tests/trainer/test_logging.py"])

@@ -432,9 +432,10 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     report = scratch / f"{pr.name}-without-fix.xml"
     if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise);
         pytest_args = [*without_workers(pytest_args), "-x", f"--junit-xml={report}"]
-        # Quiet (transformers' log_cli would name each test with its outcome), one line per traceback, no summary, in
-        # the pytest a test starts in a subprocess too: a log reader must not take expected failures for failures
-        quiet = "-q -o log_cli=false --tb=line -rN"
+        # Quiet (transformers' log_cli would name each test with its outcome), no traceback, captured output, warnings
+        # or summary, in the pytest a test starts in a subprocess too: a log reader must not take expected failures
+        # for failures. The line after the run names each test that failed, with the first line of its message.
+        quiet = "-q -o log_cli=false --tb=no --show-capture=no --disable-warnings -rN"
         env["PYTEST_ADDOPTS"] = quiet
     cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
@@ -455,8 +456,12 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     if without_fix:
         # 1: a test failed; 2: collection failed (e.g. the test imports a module the fix adds)
         if proc.returncode in (1, 2):
-            failed = [c["test"].rpartition("::")[2] for c in test_cases(report) if c["outcome"] in ("failed", "error")]
-            failed = ", ".join(failed) or "no report"
+            failed = ", ".join(
+                c["test"].rpartition("::")[2] + (f" ({first_line(c['message'])})" if c.get("message") else "")
+                for c in test_cases(report)
+                if c["outcome"] in ("failed", "error")
+            )
+            failed = failed or "no report"
             print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds}): {failed}", flush=True)
             return None
         outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
@@ -467,6 +472,12 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
+
+
+def first_line(message: str, width: int = 100) -> str:
+    """The first line of a test's failure message, cut to ``width`` characters."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def doc_pages(upstream: Upstream, pr: PR) -> list[tuple[str, str]]:
