@@ -65,7 +65,7 @@ def test_the_plot_explains_itself_without_the_console():
         assert [row._suptitle.get_text().split(" (")[0] for row in rows] == ["stock", "with the PRs"]
         for row, color in zip(rows, ("tab:red", "tab:blue")):
             axes = row.axes
-            assert [ax.get_title().split("\n")[0].split(":")[0] for ax in axes] == [
+            assert [ax.get_title().split("\n")[0].split(":")[0].split(",")[0] for ax in axes] == [
                 "learning rate",
                 "loss",
                 "loss scale (log2)",
