@@ -14,7 +14,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
-from workbench.testenv import clean_test_env  # noqa: E402
 
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
@@ -78,6 +77,8 @@ def test_no_variable_of_the_interface_reaches_a_command(tmp_path):
 
 
 def test_a_test_run_gets_a_defined_environment(tmp_path):
+    from workbench.testenv import clean_test_env
+
     caller = {
         "PATH": "/bin",
         "HOME": "/home/me",
