@@ -637,7 +637,9 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
         assert f"== PR {pr}: its tests fail without its fix (its changes outside tests/ undone), as they must" in out
     # naming the tests that failed, with the first line of the message, never in words a log reader would take for a
     # failure of the run, and quietly: no traceback, captured output or warnings summary
-    assert len(re.findall(r"as they must \(\d+ s\): test_\w+ \(AssertionError: .*\)$", out, flags=re.M)) == 2, out
+    assert (
+        len(re.findall(r"as they must \(\d+ s\): test_\w+ \(AssertionError: .*\)$", out, flags=re.MULTILINE)) == 2
+    ), out
     for noise in ("FAILED", "Traceback", "FAILURES", "Captured", "warnings summary", "def test_"):
         assert noise not in out, noise
 
