@@ -1,19 +1,5 @@
 # Workbench for our transformers and accelerate forks and the PR stack. See utils/workbench/ for each step.
-#   make fork      venv + pinned tools + build/transformers and build/accelerate (pristine sdist + overlay + patches),
-#                  both installed editable
-#   make test      make fork, check the stack (the series applies PR after PR, each PR's level - the pristine base plus
-#                  the PRs it depends on - applies with git am, everything is exported, and each PR's own tests pass
-#                  at its level against the other upstream's release), then all tests with the global-state plugin
-#                  (utils/pytest_global_state.py), then the PRs' tests again under upstream's pytest pins and plugins
-#                  (utils/upstream_pins.py), and the DeepSpeed fp16 tests with upstream's deepspeed spec
-#   make patches   export the forks' commits back into the overlays and patches/<upstream>/
-#   make check     the whole stack: every level applies, everything is exported and described, each PR's tests pass
-#   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
-#   make quality   ruff (check + format --check) with upstream's settings
-#   make repro     the #34053 scenarios offline, stock next to the fork: tables, build/repro/report.json, repro.png
-#   make upgrade   move the forks and the stack to new releases (the newest on the package index, or
-#                  TRANSFORMERS=5.25.0 ACCELERATE=1.16.0): pin file, forks, patches, stock sources; one row per PR
-# Extra options for `utils/fork.py build` go in FORK_ARGS, e.g. `make fork FORK_ARGS=-3` or `FORK_ARGS=--force`.
+# `make help` lists the targets (the `##` comment on each target's rule) and the variables that pass options.
 
 PYTHON ?= python3
 VENV := .venv
@@ -22,54 +8,69 @@ FORK := utils/fork.py
 FORK_DIR := build/transformers
 FORK_ARGS ?=
 PYTEST_ARGS ?= -n auto
+REPRO_ARGS ?=
+UPGRADE_ARGS ?=
+AUTHOR ?=
+
+# No variable of this interface reaches a command's environment (make puts its command line's variables there, and
+# `ACCELERATE=...` would reach the tests); every test run also starts in a defined environment (workbench/testenv.py).
+unexport PYTHON FORK_ARGS PYTEST_ARGS REPRO_ARGS UPGRADE_ARGS AUTHOR TRANSFORMERS ACCELERATE TESTS CENSUS_ARGS
 
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
 OWN_PY := utils tests/workbench bench
 OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
-.PHONY: fork deps test patches check pr quality repro upgrade
+.PHONY: help fork deps test patches check pr quality repro upgrade
+.DEFAULT_GOAL := help
+
+help: ## list the targets, one line each, and the variables that pass options
+	@echo "Targets (make <target>):"
+	@sed -n 's/^\([a-z][a-z-]*\):.*## \(.*\)/\1|\2/p' $(firstword $(MAKEFILE_LIST)) | awk -F'|' '{printf "  %-10s %s\n", $$1, $$2}'
+	@echo "Options: FORK_ARGS (fork.py build, e.g. --force), PYTEST_ARGS (default -n auto), REPRO_ARGS (utils/repro,"
+	@echo "  e.g. '--steps 6 --scenarios no_scaler_pt'), UPGRADE_ARGS (--allow-older, --force), TRANSFORMERS=VERSION and"
+	@echo "  ACCELERATE=VERSION (upgrade), AUTHOR='Name <email>' (pr), TESTS and CENSUS_ARGS (census)"
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-deps: | $(VPY)
+deps: | $(VPY) ## install the pinned tools into .venv (torch first)
 	$(VPY) $(FORK) deps
 
-fork: deps
+fork: deps ## .venv + build/transformers and build/accelerate (sdist + overlay + patches), installed editable
 	$(VPY) $(FORK) build $(FORK_ARGS)
 
 # As upstream's CI: one OpenMP thread per process (pytest-xdist runs one worker per core). `make test` also runs the
 # tests marked `@slow` (the two-process launches), which upstream's per-PR CI leaves to its scheduled runs.
 test: export OMP_NUM_THREADS := 1
 test: export RUN_SLOW := 1
-test: fork
+test: fork ## what CI runs: make check, then every test with the global-state plugin, then under upstream's pins
 	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
-	PYTHONPATH=utils $(VPY) -m pytest -p pytest_global_state $(PYTEST_ARGS) tests
+	PYTHONPATH=utils $(VPY) -m workbench.testenv -p pytest_global_state $(PYTEST_ARGS) tests
 	$(VPY) utils/upstream_pins.py
 	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
 		-p no:cacheprovider --timeout 900 -rs -k deepspeed tests/workbench/test_distributed_resume.py
 
-repro: fork
-	$(VPY) utils/repro
+repro: fork ## the #34053 scenarios, stock next to the fork: tables, build/repro/report.json and repro.png
+	$(VPY) utils/repro $(REPRO_ARGS)
 
 # As `make test` runs each PR's tests, so that the rows say what `make test` will.
 upgrade: export OMP_NUM_THREADS := 1
 upgrade: export RUN_SLOW := 1
-upgrade: deps
+upgrade: deps ## move the forks and the stack to new releases (the newest, or TRANSFORMERS=... ACCELERATE=...)
 	$(VPY) $(FORK) upgrade $(if $(TRANSFORMERS),--transformers $(TRANSFORMERS)) \
-		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)"
+		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)" $(UPGRADE_ARGS)
 
-patches: | $(VPY)
+patches: | $(VPY) ## export the forks' commits back into the overlays and patches/<upstream>/
 	$(VPY) $(FORK) export
 
-check: fork
+check: fork ## the whole stack: levels apply, exported, described, each PR's tests pass and fail without its fix
 	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
 
-pr: | $(VPY)
-	$(VPY) $(FORK) pr --out dist
+pr: | $(VPY) ## dist/<NN>-<name>/ per PR, authored by your git identity (or AUTHOR='Name <email>')
+	$(VPY) $(FORK) pr --out dist $(if $(AUTHOR),--author '$(subst ','\'',$(AUTHOR))')
 
-quality: fork
+quality: fork ## ruff (check + format --check) with upstream's settings
 	$(VENV)/bin/ruff check $(OWN_PY)
 	$(VENV)/bin/ruff format --check $(OWN_PY)
 ifneq ($(OVERLAY_PY),)
@@ -84,5 +85,5 @@ endif
 # Which tests of a tree leave process-global state changed (utils/census.py), e.g. a clone's tests/trainer:
 #   make census TESTS=../transformers/tests/trainer [CENSUS_ARGS="-n 2 -- --timeout 900"]
 .PHONY: census
-census: | $(VPY)
+census: | $(VPY) ## which tests of TESTS leave process-global state changed (utils/census.py)
 	$(VPY) utils/census.py $(TESTS) $(CENSUS_ARGS)

@@ -33,7 +33,8 @@ every part, so a kill or a crash keeps what finished. Each part runs guarded: an
   one ratio per repeat (`ratios_per_repeat`, `ratio_min`, `ratio_max`), host-device synchronisations per step
   (`torch.cuda.set_sync_debug_mode("warn")`) in `optimizer.step()` and in reading `step_was_skipped`, and whether
   `step_was_skipped` saw the skipped updates (stock misses them). Refused before timing (`check_stock`) when the
-  "stock" accelerate has the fused-skip patch (the fork itself, when no stock archive was carried), the patched one
+  "stock" accelerate has the fused-skip patch (the fork itself, where the interpreter finds it: the stock sources are
+  the carried archive, else `build/stock/src` that `make fork` leaves, else the interpreter's own), the patched one
   lacks it, their versions differ, or the patched one is not the version patches/config.json pins.
 
 Each part has a `status` (passed/ok, failed, error, skipped, no_tests), `expected` and, unless it passed, a `reason`.
@@ -91,6 +92,7 @@ import zipfile
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STOCK_SRC = f"{REPO_ROOT}/build/stock/src"  # the pinned releases, pristine (`make fork` makes it)
 sys.path.insert(0, os.path.join(REPO_ROOT, "utils"))
 from workbench.junit_report import test_cases  # noqa: E402
 
@@ -671,7 +673,11 @@ def main(argv=None):
     parser.add_argument("--unpack", metavar="CARRY", help="folder with transformers/accelerate[-stock].tar.gz, *.whl")
     parser.add_argument("--transformers-src", help="default build/transformers/src")
     parser.add_argument("--accelerate-src", help="default build/accelerate/src")
-    parser.add_argument("--stock-accelerate-src", help="default: the accelerate the interpreter imports by itself")
+    parser.add_argument(
+        "--stock-accelerate-src",
+        help="default: the carried stock archive, else build/stock/src (the pinned release, left by `make fork`), else "
+        "the accelerate the interpreter imports by itself",
+    )
     parser.add_argument("--steps", type=int, default=300, help="timed steps per scenario and repeat")
     parser.add_argument("--repeats", type=int, default=2, help="processes per accelerate variant")
     parser.add_argument("--timeout", type=float, default=360, help="total wall budget, seconds")
@@ -711,7 +717,9 @@ def main(argv=None):
             or found.get("transformers")
             or f"{REPO_ROOT}/build/transformers/src",
             "accelerate": args.accelerate_src or found.get("accelerate") or f"{REPO_ROOT}/build/accelerate/src",
-            "stock_accelerate": args.stock_accelerate_src or found.get("accelerate-stock"),
+            "stock_accelerate": args.stock_accelerate_src
+            or found.get("accelerate-stock")
+            or (STOCK_SRC if os.path.isdir(f"{STOCK_SRC}/accelerate") else None),
         }
         for name, path in srcs.items():
             if path and not os.path.isdir(path):

@@ -12,6 +12,8 @@ A and B are each a run's output directory or a `trainer_state.json` file. For a 
 What is compared: the per-step entries of `log_history` (the training logs: `loss`, `learning_rate`, `grad_norm`,
 `epoch`, `grad_scale` where the Trainer logs it, `num_skipped_updates` where `utils/repro` observed it; evaluation logs at
 the same step are merged in). Values must be equal (bit-exact by default, `--rtol` relaxes floats); two NaNs are equal.
+A field that only one of the two runs ever logs (e.g. a stock run's `repro_grad_scale` against the fork's `grad_scale`)
+is not compared: the report names it as logged by that run only, and it is never a cause of divergence.
 
 What is ignored, and why:
 - timing fields (`*_runtime`, `*_per_second`): they measure the machine, not the training;
@@ -22,7 +24,8 @@ The first divergence is the first step where a field differs or only one run has
 in causal order within a step (`learning_rate` is fixed before the step, `loss` comes from the forward pass,
 `grad_norm` from the backward pass, `grad_scale` and `num_skipped_updates` from the optimizer step). Recognized
 likely causes:
-- `precision_changed`: `grad_scale` is logged by one run and not the other (e.g. fp16 resumed as bf16);
+- `precision_changed`: both runs log `grad_scale`, and from that step on one of them no longer does (e.g. fp16
+  resumed as bf16);
 - `loss_scale_reset`: the loss scale jumped back up at that step, or the gradients overflowed in one run only: the
   fp16 loss scale restarted at its initial value after resume (no `scaler.pt` restored, transformers#34053);
 - `lr_advanced_on_skipped_update`: the learning rate moved after an update that was skipped (overflow), i.e. the
@@ -317,11 +320,17 @@ def compare_histories(history_a: list[dict], history_b: list[dict], rtol: float 
     """
     Compares two `log_history` lists step by step.
 
-    Returns a dict: `identical` (bool), `steps_compared` (steps logged by both), `fields_compared`, and `divergence`:
+    Returns a dict: `identical` (bool), `steps_compared` (steps logged by both), `fields_compared`, `only_in_a` and
+    `only_in_b` (the fields only that run ever logs, not compared), and `divergence`:
     `None`, or `{"step", "fields": [{"field", "a", "b"}], "cause", "explanation"}` for the first step where the runs
     differ (`cause` and `explanation` are `None` when no likely cause is recognized).
     """
     rows_a, rows_b = step_rows(history_a), step_rows(history_b)
+    logged_a = {name for row in rows_a.values() for name in row}
+    logged_b = {name for row in rows_b.values() for name in row}
+    only_a, only_b = field_order(logged_a - logged_b), field_order(logged_b - logged_a)
+    rows_a = {step: {k: v for k, v in row.items() if k not in only_a} for step, row in rows_a.items()}
+    rows_b = {step: {k: v for k, v in row.items() if k not in only_b} for step, row in rows_b.items()}
     common = [step for step in rows_a if step in rows_b]
     fields = field_order({name for step in common for name in (*rows_a[step], *rows_b[step])})
     divergence = None
@@ -345,6 +354,8 @@ def compare_histories(history_a: list[dict], history_b: list[dict], rtol: float 
         "identical": divergence is None,
         "steps_compared": len(common),
         "fields_compared": fields,
+        "only_in_a": only_a,
+        "only_in_b": only_b,
         "divergence": divergence,
     }
 
@@ -367,6 +378,9 @@ def format_report(result: dict, source_a: str, source_b: str) -> str:
         f"B: {source_b}",
         f"compared {result['steps_compared']} logged steps, fields: {', '.join(result['fields_compared']) or '-'}",
     ]
+    for name, only in (("A", result["only_in_a"]), ("B", result["only_in_b"])):
+        if only:
+            lines.append(f"not compared, logged by {name} only: {', '.join(only)}")
     divergence = result["divergence"]
     if divergence is None:
         lines.append("identical: every logged step matches")

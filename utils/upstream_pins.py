@@ -11,7 +11,8 @@ pytest; this script runs the same tests a second time the way upstream's CI woul
    pytest and plugins win and torch is not installed twice. A stamp holds the specs: a re-run with the same specs
    installs nothing; changed specs rebuild the venv;
 3. run ``pytest`` there on the given tests with random order on (``--random-order``), a pytest-timeout timeout and
-   ``-n 2``, so that each plugin is active.
+   ``-n 2``, so that each plugin is active, in the environment of every test run of the workbench
+   (``workbench/testenv.py``: a shell's basics and ``RUN_SLOW``/``OMP_NUM_THREADS``, none of the caller's other variables).
 
 ``--extra NAME`` also installs upstream's spec for NAME (e.g. ``deepspeed``, for the tests that need it) into the same
 kind of venv, after it sees ``.venv``, with ``.venv``'s versions as constraints: nothing of ``.venv`` is replaced and
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from workbench.project import load_project
 from workbench.stack import load_stack
+from workbench.testenv import clean_test_env
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +145,8 @@ def main(argv=None) -> int:
     installed = [line for line in versions.splitlines() if line.split("==")[0].lower() in names]
     print(f"upstream_pins: {', '.join(specs + extras)} -> {', '.join(installed)}", flush=True)
     pytest_args = args.pytest_args or [*DEFAULT_PYTEST_ARGS, *stack_tests()]
-    return subprocess.run([str(python), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
+    # In a defined environment (workbench/testenv.py), not the caller's
+    return subprocess.run([str(python), "-m", "pytest", *pytest_args], cwd=ROOT, env=clean_test_env()).returncode
 
 
 if __name__ == "__main__":

@@ -176,8 +176,9 @@ def exported_files(root: Path) -> dict[str, bytes]:
 def fake_venv(tmp_path: Path) -> Path:
     """A virtual environment whose python is this one (for the level tests)."""
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin/python").symlink_to(sys.executable)
+    if not (venv / "bin/python").exists():  # one per test, however many commands it runs
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin/python").symlink_to(sys.executable)
     return venv
 
 
@@ -586,6 +587,7 @@ def test_pr_needs_the_contributor_identity_and_leaves_dist_alone(project, tmp_pa
     assert run(project, "pr", "--out", str(out)) == 1
     err = capsys.readouterr().err
     assert "git user.name and user.email are not set" in err and "git config --global user.email" in err
+    assert "or run `make pr AUTHOR='Name <email>'`." in err  # the make variable that passes --author
     sh(project, "git", "config", "user.name", "Local Dev")
     sh(project, "git", "config", "user.email", "local@example.invalid")
     # A series that does not apply at its level, found while writing: nothing in dist/ changes
@@ -633,15 +635,34 @@ def test_check_runs_each_prs_tests_at_its_level(project, tmp_path, capsys):
     # And without its fix (here: its patches outside tests/ undone), each PR's tests fail
     for pr in (PR1, "trainer-logging", "accelerate-skips"):
         assert f"== PR {pr}: its tests fail without its fix (its changes outside tests/ undone), as they must" in out
-    # naming the tests that failed, never in words a log reader would take for a failure of the run
-    assert len(re.findall(r"as they must \(\d+ s\): test_\w+$", out, flags=re.MULTILINE)) == 2
-    assert "FAILED" not in out
+    # naming the tests that failed, with the first line of the message, never in words a log reader would take for a
+    # failure of the run, and quietly: no traceback, captured output or warnings summary
+    assert (
+        len(re.findall(r"as they must \(\d+ s\): test_\w+ \(AssertionError: .*\)$", out, flags=re.MULTILINE)) == 2
+    ), out
+    for noise in ("FAILED", "Traceback", "FAILURES", "Captured", "warnings summary", "def test_"):
+        assert noise not in out, noise
 
     # PR1's tests need PR2's change: they fail at PR1's level although they pass on the whole fork
     add_to_stack(project, PR1, tests=["tests/trainer/test_logging.py"])
     assert run(project, "check", *args) == 1
     err = capsys.readouterr().err
     assert f"FAIL: PR {PR1}: its tests failed (pytest exit status 4) at its level, fakepkg 1.0 + {PR1}" in err
+
+
+def test_level_tests_run_in_a_defined_environment(project, tmp_path, monkeypatch, capsys):
+    """`make upgrade ACCELERATE=1.16.0` put ACCELERATE into the environment of the level tests, whose upstream test
+    helpers delete every variable named like it, so that the global-state plugin failed them."""
+    test = project / "tests/trainer/test_loss_scale.py"
+    write(
+        test,
+        test.read_text(encoding="utf-8") + "\n\ndef test_like_upstreams_helpers():\n"
+        "    import os\n\n    for key in [k for k in os.environ if 'ACCELERATE' in k]:\n        del os.environ[key]\n",
+    )
+    for name, value in (("ACCELERATE", "1.16.0"), ("ACCELERATE_MIXED_PRECISION", "bf16"), ("PYTEST_ADDOPTS", "-x")):
+        monkeypatch.setenv(name, value)
+    assert run(project, "check", "--venv", str(fake_venv(tmp_path)), "--tests", "--pytest-args=-q") == 0
+    assert f"== PR {PR1}: its tests pass at its level" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -1148,6 +1169,20 @@ def test_upgrade_leaves_a_conflict_ready_to_edit(project, tmp_path, monkeypatch,
         ]
         == "1.1"
     )
+    # but the stock sources (and the venv) stay on the releases the forks were built on, and the way back is printed
+    stock = project / "build/stock/src/transformers/__init__.py"
+    assert stock.read_text(encoding="utf-8") == "__version__ = '1.0'\n"
+    assert "skipped while a PR conflicts: the venv and build/stock/src stay on fakepkg 1.0, fakeacc 1.0" in out
+    back = "Or go back to fakepkg 1.0 and fakeacc 1.0 (the venv and build/stock/src are still on them):\n"
+    back += "  git checkout -- patches/config.json patches/transformers patches/accelerate\n"
+    back += "  make fork FORK_ARGS=--force"
+    assert back in out
+    sh(project, "git", "checkout", "--", "patches/config.json", "patches/transformers", "patches/accelerate")
+    assert run(project, "build", "--force") == 0
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert not (fork_dir(project) / ".git/rebase-apply").exists()
+    assert "line 20 patched" in (fork_dir(project) / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    assert run(project, "check") == 0
 
 
 def test_upgrade_reports_a_pr_possibly_fixed_upstream(project, tmp_path, monkeypatch, capsys):
@@ -1187,3 +1222,119 @@ def test_upgrade_that_fails_changes_nothing(project, tmp_path, monkeypatch, caps
     assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
     assert sh(project, "git", "status", "--porcelain") == ""
     assert not list(project.glob("build/.*upgrade*"))
+
+
+def test_upgrade_to_an_older_release_needs_allow_older(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    config = (project / "patches/config.json").read_bytes()
+    use_index(monkeypatch, tmp_path / "index")
+    files = {**UPSTREAM_FILES, "src/transformers/__init__.py": "__version__ = '0.9'\n"}
+    index_sdist(tmp_path / "index", "fakepkg", "0.9", files)
+    index_sdist(tmp_path / "index", "fakeacc", "1.1", ACCELERATE_FILES)
+    capsys.readouterr()
+    assert upgrade(project, tmp_path, "--transformers", "0.9") == 1
+    assert "fakepkg 0.9 is older than the pinned 1.0: moving back needs --allow-older" in capsys.readouterr().err
+    assert (project / "patches/config.json").read_bytes() == config
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert upgrade(project, tmp_path, "--transformers", "0.9", "--allow-older") == 0
+    assert "transformers: 1.0 -> 0.9" in capsys.readouterr().out
+    assert (
+        json.loads((project / "patches/config.json").read_text(encoding="utf-8"))["upstreams"]["transformers"][
+            "version"
+        ]
+        == "0.9"
+    )
+
+
+def test_upgrade_when_already_up_to_date_says_so_and_stops(project, tmp_path, monkeypatch, capsys):
+    use_index(monkeypatch, tmp_path / "index")
+    for name, package, files in (
+        ("transformers", "fakepkg", UPSTREAM_FILES),
+        ("accelerate", "fakeacc", ACCELERATE_FILES),
+    ):
+        set_pin(project, name, sha256=index_sdist(tmp_path / "index", package, "1.0", files))  # the pinned releases
+        (project / f"build/cache/{package}-1.0.tar.gz").write_bytes(
+            (tmp_path / f"index/{package}-1.0.tar.gz").read_bytes()
+        )
+    sh(project, "git", *USER, "commit", "-q", "-am", "the releases on the index")
+    make_stack(project)
+    config = (project / "patches/config.json").read_bytes()
+    head = sh(fork_dir(project), "git", "rev-parse", "HEAD")
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Already up to date: the pins are fakepkg 1.0 and fakeacc 1.0 (the newest on the package index); nothing was "
+        "changed (--force rebuilds and retests)." in out
+    )
+    assert "[2/6]" not in out
+    assert upgrade(project, tmp_path, "--transformers", "1.0") == 0
+    assert "Already up to date: the pins are fakepkg 1.0 and fakeacc 1.0; nothing" in capsys.readouterr().out
+    assert (project / "patches/config.json").read_bytes() == config
+    assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
+    assert upgrade(project, tmp_path, "--force") == 0
+    out = capsys.readouterr().out
+    assert "[2/6] Downloading" in out and "The stack is ready." in out
+
+
+def test_upgrade_refuses_to_overwrite_uncommitted_pins_or_patches(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    use_index(monkeypatch, tmp_path / "index")
+    new_release(tmp_path / "index")
+    config = (project / "patches/config.json").read_bytes() + b"\n"  # an edit of one's own, not committed
+    (project / "patches/config.json").write_bytes(config)
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "upgrade rewrites these, which have uncommitted changes: patches/config.json" in err
+    assert (project / "patches/config.json").read_bytes() == config
+
+
+def test_changing_a_prs_commit_as_the_readme_says_rewrites_its_patch(project, capsys):
+    """A plain commit in the fork becomes a new patch of no PR (and the last patch gained a blank line); the README's
+    commands fold the change into the PR's own commit."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("To change a PR's existing commit") :]
+    block = block[block.index("```bash\n") + 8 : block.index("```\n", block.index("```bash\n") + 8)]
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("git ")]
+    assert commands == [
+        "git add src/transformers/trainer.py",
+        'git commit --fixup=":/Trainer: resume fp16 checkpoints without a matching loss scaler"',
+        "git -c sequence.editor=: rebase -i --autosquash workbench-overlay",
+    ]
+    patches = make_stack(project)
+    before = {name: path.read_bytes() for name, path in patches.items()}
+    fork = fork_dir(project)
+    trainer = (fork / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    write(fork / "src/transformers/trainer.py", trainer.replace("line 5\n", "line 5 patched\n"))
+    identity = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.invalid"}
+    identity.update(GIT_COMMITTER_NAME="Dev", GIT_COMMITTER_EMAIL="dev@example.invalid")
+    for command in commands:  # PR1's commit is "Patch the trainer" here
+        command = command.replace(
+            "Trainer: resume fp16 checkpoints without a matching loss scaler", "Patch the trainer"
+        )
+        proc = subprocess.run(
+            command, shell=True, cwd=fork, capture_output=True, text=True, env={**os.environ, **identity}
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    capsys.readouterr()
+    assert run(project, "export") == 0
+    out = capsys.readouterr().out
+    assert "belongs to no PR" not in out and "note:" not in out
+    assert sorted(p.name for p in (project / "patches/transformers").glob("*.patch")) == sorted(
+        p.name for name, p in patches.items() if name != "accelerate-skips"
+    )
+    assert "+line 5 patched" in patches[PR1].read_text(encoding="utf-8")
+    # The later PR's patch of the same file: at most its `index` lines and line numbers move
+    from workbench.series import moved_only
+
+    assert moved_only(before["trainer-logging"], patches["trainer-logging"].read_bytes())
+    assert run(project, "check") == 0
+
+    # A plain commit instead: export names the new patch as belonging to no PR, and says how to fold it in
+    trainer = (fork / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    commit_in_fork(project, "More", {"src/transformers/trainer.py": trainer.replace("line 22\n", "line 22 more\n")})
+    assert run(project, "export") == 0
+    out = capsys.readouterr().out
+    assert "belongs to no PR" in out
+    assert 'git commit --fixup=":/<its subject>", then git -c sequence.editor=: rebase -i --autosquash' in out

@@ -52,7 +52,10 @@ def test_cpu_run_skips_the_cuda_parts_and_writes_both_files(tmp_path):
     for name in ("transformers", "accelerate"):
         assert "error" not in report["packages"][name], report["packages"][name]
         assert report["packages"][name]["file"].endswith(f"{name}/__init__.py")
-    assert "same_as_patched" in report["packages"]["stock_accelerate"]
+    # After `make fork`, "stock" is the pinned release's pristine source, never the fork the interpreter finds
+    stock = report["packages"]["stock_accelerate"]
+    assert stock["src"] == str(REPO_ROOT / "build/stock/src"), stock
+    assert stock["same_as_patched"] is False and stock["has_fused_skip_patch"] is False
     summary = (out / "gpu_check.txt").read_text(encoding="utf-8")
     for part in report["parts"]:
         assert f"{part}: skipped (expected) - no NVIDIA GPU" in summary

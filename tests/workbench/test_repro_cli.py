@@ -4,6 +4,7 @@ against stock and fork (~30 s).
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_end_to_end_stock_and_fork(tmp_path):
     assert stock["no_scaler_pt"]["loss_scale_observed_by_repro"]
     assert stock["no_scaler_pt"]["messages"] == []
     assert any(verdicts.MISSING_SCALER_WARNING in message for message in fork["no_scaler_pt"]["messages"])
+    assert all(m.startswith("INFO: ") for m in fork["no_scaler_pt"]["messages"])  # as the repro docstring says
 
     assert stock["bf16_resume"]["status"] == "crashed"
     assert stock["bf16_resume"]["verdict"].startswith("crashes: AttributeError")
@@ -102,6 +104,19 @@ def test_out_that_cannot_be_created_is_a_setup_error(tmp_path, capsys):
         cli.main(["--variants", "fork", "--out", str(blocker / "repro")])
     assert exit_info.value.code == 2
     assert f"repro: error: --out {blocker / 'repro'}: cannot create the output directory" in capsys.readouterr().err
+
+
+def test_device_cuda_without_cuda_is_refused_up_front(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "utils/repro", "--device", "cuda", "--out", str(out)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no CUDA device on any machine
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    assert (
+        completed.stderr == "repro: error: --device cuda: torch sees no CUDA device here (use --device cpu, or auto)\n"
+    )
+    assert not out.exists()
 
 
 PINNED = {

@@ -146,6 +146,28 @@ def test_precision_changed():
     assert divergence["cause"] == "precision_changed"
 
 
+def test_a_field_logged_by_one_run_only_is_named_and_never_a_cause(tmp_path, capsys):
+    """A stock run (the repro's probe records `repro_grad_scale`) against the fork (which logs `grad_scale`): lr, loss
+    and grad_norm match at every step, so the runs are identical in what both log."""
+    stock = make_history()
+    for entry in stock[:-1]:
+        entry["repro_grad_scale"] = entry.pop("grad_scale")
+    a = write_state(tmp_path / "stock.json", stock)
+    b = write_state(tmp_path / "fork.json", make_history())
+    assert resume_diff.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "not compared, logged by A only: repro_grad_scale" in out
+    assert "not compared, logged by B only: grad_scale" in out
+    assert "identical: every logged step matches" in out
+    result = compare(stock, make_history())
+    assert (result["only_in_a"], result["only_in_b"]) == (["repro_grad_scale"], ["grad_scale"])
+    assert "grad_scale" not in result["fields_compared"]
+    # A real difference is still found, and its cause is not the one-sided field
+    divergence = compare(stock, make_history(changes={4: {"loss": 9.0}}))["divergence"]
+    assert [d["field"] for d in divergence["fields"]] == ["loss"]
+    assert divergence["cause"] == "data_or_rng"
+
+
 def test_run_incomplete():
     divergence = compare(make_history(), make_history(steps=3))["divergence"]
     assert divergence["step"] == 4

@@ -64,9 +64,9 @@ exited with an error) does not stop the others: that scenario's verdict says `cr
 signal, torchrun's root cause, the last error line), and the other scenarios' tables, `report.json` and `repro.png`
 are still written. A Trainer that raises is a finding instead (`crashes: <error>`, e.g. stock with bf16).
 
-Exit status: 0 when the fork behaves as fixed in every scenario run (exact resume identical, warning without
+Exit status: 0 when the fork behaves as fixed in every scenario run (exact resume identical, an info line without
 `scaler.pt`, no crash with bf16, LR held on skipped updates), 1 otherwise (a fork scenario that crashed included), 2 on
-a usage or setup error.
+a usage or setup error, said in one line before anything runs (e.g. `--device cuda` where torch sees no CUDA device).
 
 The code, in the order the data flows (each module imports only those before it): `scenarios.py` (what is run),
 `runs.py` (training a run in this process), `launch.py` (starting processes, torchrun's output), `workers.py` (the

@@ -69,6 +69,11 @@ def main(argv=None) -> int:
         run_ddp_worker(options.ddp_worker, options)
         return 0
     start = time.perf_counter()
+    if options.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("--device cuda: torch sees no CUDA device here (use --device cpu, or auto)")
     if "stock" in options.variants:
         ensure_stock_src(options.stock_src)
     try:

@@ -144,65 +144,130 @@ def print_report(report: dict, options) -> None:
             print(f"{scenario:13s} {variant:5s}: {result['verdict']}")
 
 
-def plot_report(report: dict, options, path: str) -> None:
-    """Learning rate, loss and loss scale against the step: one row per scenario, reference vs candidate."""
+# What a reader of repro.png alone must see per scenario: what stock does wrong, and what the PRs change. The verdict
+# of each run (the console's) is shown under it, per variant.
+EXPLANATIONS = {
+    "exact_resume": (
+        "resumes exactly (scaler.pt is saved and loaded since transformers 4.49)",
+        "the same; the PRs' parity test proves it bit for bit in CI",
+    ),
+    "no_scaler_pt": (
+        "the loss scale silently restarts at 65536, so the next updates overflow and are skipped; its LR still matches "
+        "only because its fused optimizer's skipped updates advance the schedule anyway (the fused_skip bug)",
+        "the same unavoidable restart, now said at info level; the LR holds on each skipped update (the accelerate "
+        "fix), so the resumed LR trails the uninterrupted one by the skipped updates: correct, not a regression",
+    ),
+    "bf16_resume": (
+        "crashes loading scaler.pt into a run without a scaler: no resumed curve",
+        "resumes in bf16 (no loss scale to plot) and says at info level that scaler.pt is not loaded",
+    ),
+    "fused_skip": (
+        "the fused optimizer skips the overflowed updates unseen: the LR schedule advances on them (the dashed "
+        "curve leaves the thick one at the first skip)",
+        "accelerate sees the skip: the LR holds, as with adamw_torch (the dashed curve stays on the thick one)",
+    ),
+    "ddp_exact_resume": (
+        "resumes exactly in two processes, which keep the same model",
+        "the same",
+    ),
+}
+PANELS = (("learning_rate", "learning rate"), ("loss", "loss"), ("grad_scale", "loss scale (log2)"))
+
+
+def _variant_label(report: dict, variant: str) -> str:
+    found = report["variants"].get(variant, {})
+    versions = f"transformers {found.get('transformers_version')}, accelerate {found.get('accelerate_version')}"
+    return f"stock ({versions})" if variant == "stock" else f"with the PRs (the forks: {versions} + patches)"
+
+
+def plot_figure(report: dict, options):
+    """The figure of `repro.png`: per scenario, what stock does wrong and what the PRs change, then one row of panels
+    (learning rate, loss, loss scale against the step; the reference run thick, the candidate dashed, its skipped
+    updates marked) per variant, stock and fork never on the same axes, each panel with its legend."""
     # A bare Figure, not pyplot: no backend to choose (`matplotlib.use`) and no figure registry, so that plotting
     # leaves the caller's matplotlib as it was (savefig renders with Agg for a .png).
     from matplotlib.figure import Figure
 
     scenarios = report["scenarios"]
-    # Constrained layout places the figure title above the subplots' titles (tight_layout let them overlap).
-    fig = Figure(figsize=(15, 3.6 * len(scenarios)), layout="constrained")
-    axes = fig.subplots(len(scenarios), 3, squeeze=False)
-    colors = {"stock": "tab:red", "fork": "tab:blue"}
-    markers = {"stock": "x", "fork": "o"}  # distinct, so that overlapping curves stay visible
-    for axes_row, (scenario, entry) in zip(axes, scenarios.items()):
-        labels = SCENARIOS[scenario][3]
-        crashed = [variant for variant, result in entry["variants"].items() if result["status"] == "crashed"]
-        for column, (ax, field) in enumerate(zip(axes_row, ("learning_rate", "loss", "grad_scale"))):
-            for variant, result in entry["variants"].items():
-                for rows, label, style in (
-                    (result["reference_rows"], labels[0], {"linestyle": "-", "linewidth": 3, "alpha": 0.35}),
-                    (
-                        result["candidate_rows"],
-                        labels[1],
-                        {
-                            "linestyle": "--",
-                            "marker": markers[variant],
-                            "markersize": 4,
-                            "linewidth": 1,
-                            "markerfacecolor": "none",
-                        },
-                    ),
-                ):
-                    points = [(s, r[field]) for s, r in rows.items() if isinstance(r.get(field), (int, float))]
-                    points = [(s, v) for s, v in points if math.isfinite(v)]
-                    if points:
-                        ax.plot(*zip(*points), color=colors[variant], label=f"{variant} {label}", **style)
-            if scenario in RESUME_SCENARIOS + DDP_SCENARIOS:
-                ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
-            if field == "grad_scale":
-                ax.set_yscale("log", base=2)
-            title = f"{scenario}: {field}"
-            if crashed:
-                lost = [v for v in crashed if not entry["variants"][v]["reference_rows"]]
-                what = "no curves" if len(lost) == len(crashed) else "no resumed curve"
-                title += f" ({', '.join(crashed)}: crashed, {what})"
-            if field == "learning_rate":
-                for variant, result in entry["variants"].items():
-                    note = lr_note(result)
-                    if note:
-                        title += "\n" + textwrap.fill(f"{variant}: {note}", 76)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("step")
-            if column == 0:
-                ax.legend(fontsize=7)
+    height = [1.2 + 2.5 * len(entry["variants"]) for entry in scenarios.values()]
+    fig = Figure(figsize=(16, sum(height) + 0.6), layout="constrained")
     fig.suptitle(
-        "transformers#34053: reference (thick) vs candidate (dashed), stock (red, x) vs fork (blue, o); "
-        "dotted line: resume step",
-        fontsize=11,
+        "transformers#34053, fp16 resume: each scenario's reference run (thick) and candidate run (dashed), stock "
+        "(red) and with the PRs (blue) in separate rows; dotted line: the resume step",
+        fontsize=12,
     )
-    fig.savefig(path, dpi=90)
+    blocks = fig.subfigures(len(scenarios), 1, height_ratios=height, squeeze=False)[:, 0]
+    for number, (block, (scenario, entry)) in enumerate(zip(blocks, scenarios.items()), start=1):
+        wrong, fixed = EXPLANATIONS[scenario]
+        block.suptitle(
+            f"{number}. {scenario}: {entry['title']}\n"
+            + textwrap.fill(f"stock: {wrong}", 190)
+            + "\n"
+            + textwrap.fill(f"with the PRs: {fixed}", 190),
+            fontsize=10,
+            x=0.01,
+            ha="left",
+        )
+        block.set_facecolor("0.96" if number % 2 else "white")
+        rows = block.subfigures(len(entry["variants"]), 1, squeeze=False)[:, 0]
+        for row, (variant, result) in zip(rows, entry["variants"].items()):
+            _plot_variant(row, scenario, variant, result, report, options)
+    return fig
+
+
+def _plot_variant(row, scenario: str, variant: str, result: dict, report: dict, options) -> None:
+    color = {"stock": "tab:red", "fork": "tab:blue"}.get(variant, "black")
+    labels = SCENARIOS[scenario][3]
+    row.suptitle(
+        textwrap.fill(f"{_variant_label(report, variant)}: {result['verdict']}", 200),
+        fontsize=9,
+        color=color,
+        x=0.01,
+        ha="left",
+    )
+    skipped = set(result.get("skipped_steps") or [])
+    for ax, (field, name) in zip(row.subplots(1, 3), PANELS):
+        for rows, label, style in (
+            (result["reference_rows"], f"{labels[0]} (reference)", {"linestyle": "-", "linewidth": 4, "alpha": 0.3}),
+            (
+                result["candidate_rows"],
+                labels[1],
+                {"linestyle": "--", "marker": "o", "markersize": 3, "linewidth": 1.2, "markerfacecolor": "none"},
+            ),
+        ):
+            points = [(s, r[field]) for s, r in rows.items() if isinstance(r.get(field), (int, float))]
+            points = [(s, v) for s, v in points if math.isfinite(v)]
+            if points:
+                ax.plot(*zip(*points), color=color, label=label, **style)
+        if field == "learning_rate":
+            marks = [(s, r["learning_rate"]) for s, r in result["candidate_rows"].items() if s in skipped]
+            if marks:
+                ax.plot(
+                    *zip(*marks), linestyle="none", marker="v", color="black", markersize=5, label="update skipped"
+                )
+        if scenario in RESUME_SCENARIOS + DDP_SCENARIOS:
+            ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
+        if field == "grad_scale":
+            ax.set_yscale("log", base=2)
+        title = name
+        if field == "grad_scale" and variant == "stock":
+            title += ", observed by repro (stock does not log it)"
+        if not any(line.get_label() and not line.get_label().startswith("_") for line in ax.get_lines()):
+            title += ": none logged" + (" (crashed)" if result["status"] == "crashed" else "")
+        if field == "learning_rate":
+            note = lr_note(result)
+            if note:
+                title += "\n" + textwrap.fill(note, 70)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if ax.get_lines():
+            ax.legend(fontsize=7, loc="best")
+
+
+def plot_report(report: dict, options, path: str) -> None:
+    """Writes `plot_figure` to `path` (a PNG)."""
+    plot_figure(report, options).savefig(path, dpi=80)
 
 
 def write_report(report: dict, options) -> tuple[str, str]:

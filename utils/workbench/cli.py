@@ -223,6 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pytest-args", default="", help="extra pytest arguments for the level tests, e.g. '-n auto'"
     )
     upgrade.add_argument("--no-install", action="store_true", help="skip the editable pip install into the venv")
+    upgrade.add_argument("--allow-older", action="store_true", help="allow moving to a release older than the pinned")
+    upgrade.add_argument("--force", action="store_true", help="rebuild and retest even when already on those releases")
     return parser.parse_args(argv)
 
 

@@ -436,4 +436,10 @@ def cmd_export(project: Project, args) -> int:
             print(f"note: {note}")
         if notes:
             print(f"note: update {project.rel(project.stack_path)} so that `make check` passes")
+        if any("belongs to no PR" in note for note in notes):
+            print(
+                "note: a change meant for an existing PR goes into that PR's commit, not a new one: "
+                'git commit --fixup=":/<its subject>", then git -c sequence.editor=: rebase -i --autosquash '
+                f"{OVERLAY_REF} (README: Working on the patches)"
+            )
     return 0

@@ -67,7 +67,11 @@ def contributor_identity(cwd: Path, command: str) -> tuple[str, str]:
             "maintainer sees are authored by you (the contributor), never by a placeholder. Set them with\n"
             '  git config --global user.name "Your Name"\n'
             "  git config --global user.email you@example.com\n"
-            "or pass --author 'Name <email>'."
+            + (
+                "or run `make pr AUTHOR='Name <email>'`."
+                if command == "make pr"
+                else "or pass --author 'Name <email>'."
+            )
         )
     return values["user.name"], values["user.email"]
 

@@ -60,6 +60,7 @@ from pathlib import Path
 from .forks import venv_python
 from .project import Project
 from .sources import create_pristine, obtain_sdist
+from .testenv import shell_environment
 from .texts import claims_path, pinned_versions, render, upstream_texts
 
 
@@ -165,16 +166,15 @@ def first_missing(shown: list[str], printed: list[str]) -> int | None:
     return None
 
 
-# What a reviewer's own shell passes on. Nothing else of the caller's environment reaches a reproduction: a CI runner's
-# ``CI=true`` both changes what the decorator's reproduction prints and makes pytest stop cutting summary lines, and
-# ``make test`` exports ``RUN_SLOW`` and xdist its worker variables.
-SHELL_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TMPDIR"}
+# What a reviewer's own shell passes on (testenv.py). Nothing else of the caller's environment reaches a reproduction: a
+# CI runner's ``CI=true`` both changes what the decorator's reproduction prints and makes pytest stop cutting summary
+# lines, and ``make test`` exports ``RUN_SLOW`` and xdist its worker variables.
 
 
 def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tuple[str, int | None]:
     """Run a reproduction in a new folder: what it printed (normalised) and its exit status (None: past the
     timeout)."""
-    env = {k: v for k, v in os.environ.items() if k in SHELL_ENV or k.startswith("LC_")}
+    env = shell_environment()
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="80", TQDM_DISABLE="1")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)

@@ -6,7 +6,7 @@ with ``git am``. A PR that depends on nothing stands alone on the pristine base.
 order, so the series must also apply one PR after the other. ``check`` builds both in a scratch repository (one per
 upstream: the whole stack at HEAD, one tag ``level/<name>`` per PR, ``deps/<name>`` for its dependencies alone) and runs
 each PR's own tests at its level, from a checkout of that level with ``PYTHONPATH=<level>/src`` so that it, and not the
-editable fork, is imported; then once more without the PR's fix (its changes outside ``tests/`` undone, or, for a PR of
+editable fork, is imported, in the environment of every test run (testenv.py: none of the caller's other variables); then once more without the PR's fix (its changes outside ``tests/`` undone, or, for a PR of
 regression tests only, its ``mutation`` applied), where they must fail.
 """
 
@@ -25,6 +25,7 @@ from .overlay import add_overlay, read_overlay, repo_path, under_roots
 from .project import Project, Upstream, read_json
 from .series import apply_patches, read_series
 from .sources import BASE_REF, create_pristine, obtain_sdist
+from .testenv import clean_test_env
 
 
 # The workbench's pytest plugins (``pytest_global_state``) live in ``utils/``.
@@ -421,11 +422,8 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     guard.mkdir(exist_ok=True)
     (guard / "workbench_level_guard.py").write_text(GUARD_PLUGIN, encoding="utf-8")
     src = checkout / "src"
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join(
-            [str(src), *map(str, stock), str(guard), str(UTILS)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
+    env = clean_test_env(  # none of the caller's other variables (testenv.py)
+        PYTHONPATH=os.pathsep.join([str(src), *map(str, stock), str(guard), str(UTILS)]),
         WORKBENCH_LEVEL_PACKAGE=upstream.module,
         WORKBENCH_LEVEL_SRC=str(src),
     )
@@ -434,10 +432,11 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     report = scratch / f"{pr.name}-without-fix.xml"
     if without_fix:  # in one process, up to the first failure (pytest-xdist reports an interrupted run otherwise);
         pytest_args = [*without_workers(pytest_args), "-x", f"--junit-xml={report}"]
-        # Quiet (transformers' log_cli would name each test with its outcome), one line per traceback, no summary, in
-        # the pytest a test starts in a subprocess too: a log reader must not take expected failures for failures
-        quiet = "-q -o log_cli=false --tb=line -rN"
-        env["PYTEST_ADDOPTS"] = " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), quiet]))
+        # Quiet (transformers' log_cli would name each test with its outcome), no traceback, captured output, warnings
+        # or summary, in the pytest a test starts in a subprocess too: a log reader must not take expected failures
+        # for failures. The line after the run names each test that failed, with the first line of its message.
+        quiet = "-q -o log_cli=false --tb=no --show-capture=no --disable-warnings -rN"
+        env["PYTEST_ADDOPTS"] = quiet
     cmd += ["-p", "no:cacheprovider", *pytest_args, *tests]
     sys.stderr.flush()
     with_stock = "".join(f", stock {Path(p).parent.name.removeprefix('stock-')}" for p in stock)
@@ -457,8 +456,12 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     if without_fix:
         # 1: a test failed; 2: collection failed (e.g. the test imports a module the fix adds)
         if proc.returncode in (1, 2):
-            failed = [c["test"].rpartition("::")[2] for c in test_cases(report) if c["outcome"] in ("failed", "error")]
-            failed = ", ".join(failed) or "no report"
+            failed = ", ".join(
+                c["test"].rpartition("::")[2] + (f" ({first_line(c['message'])})" if c.get("message") else "")
+                for c in test_cases(report)
+                if c["outcome"] in ("failed", "error")
+            )
+            failed = failed or "no report"
             print(f"== PR {pr.name}: its tests fail {what}, as they must ({seconds}): {failed}", flush=True)
             return None
         outcome = "pass" if proc.returncode == 0 else f"do not run (pytest exit status {proc.returncode})"
@@ -469,6 +472,12 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
         return None
     what = "collected no tests" if proc.returncode == 5 else f"failed (pytest exit status {proc.returncode})"
     return f"PR {pr.name}: its tests {what} at its level, {level_label(upstream, prs, pr)}: {' '.join(tests)}"
+
+
+def first_line(message: str, width: int = 100) -> str:
+    """The first line of a test's failure message, cut to ``width`` characters."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def doc_pages(upstream: Upstream, pr: PR) -> list[tuple[str, str]]:

@@ -1,13 +1,15 @@
 """``upgrade``: move the forks and the stack to new upstream releases in one command.
 
-Stages: find the releases (the newest on the package index unless named), download their sdists (a temporary folder,
+Stages: find the releases (the newest on the package index unless named; an older one than the pinned only with
+``--allow-older``; already pinned: nothing to do, unless ``--force``), download their sdists (a temporary folder,
 then the cache) and hash them, unpack the new bases (each checked against its own version), rebuild each fork on its
 new base with every PR re-applied three-way (``git am -3``, the previous stack's blobs fetched into the fork so that
 git can merge), re-export (a patch stale only in its ``index`` lines and offsets is rewritten), write the pin file,
 install the forks and the stock sources, and run each PR's tests at its level with its fix and without it. One row per
 PR says whether it applies (or where it conflicts: that fork is left in the middle of ``git am``), and how its tests
 came out; a PR whose tests pass on the new release without its fix is possibly fixed upstream, shown with the upstream
-files that changed under it. The exit status is 0 only when the stack is ready.
+files that changed under it. While a PR conflicts, the venv and the stock sources stay on the previous releases, and
+the way back to them is printed. The exit status is 0 only when the stack is ready (or already up to date).
 """
 
 import copy
@@ -53,8 +55,15 @@ def stage(number: int, what: str) -> None:
     print(f"\n[{number}/{STAGES}] {what}", flush=True)
 
 
-def target_versions(project: Project, wanted: dict[str, str | None]) -> dict[str, str]:
-    """The version each upstream moves to: the one asked for, which must exist, or the newest on the index."""
+def release_key(version: str) -> tuple[int, ...]:
+    """The release numbers of a version (``5.25.0`` -> ``(5, 25, 0)``), to tell an older release from a newer one."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else ()
+
+
+def target_versions(project: Project, wanted: dict[str, str | None], allow_older: bool = False) -> dict[str, str]:
+    """The version each upstream moves to: the one asked for, which must exist (and, without ``allow_older``, not be
+    older than the pinned one), or the newest on the index."""
     targets = {}
     for upstream in project.upstreams.values():
         releases = index_versions(upstream.package)
@@ -63,6 +72,11 @@ def target_versions(project: Project, wanted: dict[str, str | None]) -> dict[str
             raise ForkError(
                 f"{upstream.package} {version} is not a release on the package index (newest: {releases[0]}); "
                 "nothing was changed"
+            )
+        if release_key(version) < release_key(upstream.version) and not allow_older:
+            raise ForkError(
+                f"{upstream.package} {version} is older than the pinned {upstream.version}: moving back needs "
+                "--allow-older (make upgrade ... UPGRADE_ARGS=--allow-older); nothing was changed"
             )
         targets[upstream.name] = version
         print(f"  {upstream.name}: {upstream.version} -> {version}", flush=True)
@@ -134,7 +148,23 @@ def cmd_upgrade(project: Project, args) -> int:
         raise ForkError("nothing was changed:\n  " + "\n  ".join(problems) + "\nExport or fix these first.")
 
     stage(1, "Finding the releases on the package index")
-    targets = target_versions(project, {name: getattr(args, name, None) for name in project.upstreams})
+    wanted = {name: getattr(args, name, None) for name in project.upstreams}
+    targets = target_versions(project, wanted, allow_older=args.allow_older)
+    if all(targets[name] == u.version for name, u in project.upstreams.items()) and not args.force:
+        newest = "" if any(wanted.values()) else " (the newest on the package index)"
+        labels = " and ".join(u.label for u in project.upstreams.values())
+        print(
+            f"\nAlready up to date: the pins are {labels}{newest}; nothing was changed (--force rebuilds and retests)."
+        )
+        return 0
+    written = [project.config_path, *(u.patches_dir for u in project.upstreams.values())]
+    uncommitted = uncommitted_paths(project, written)
+    if uncommitted:
+        raise ForkError(
+            "nothing was changed: upgrade rewrites these, which have uncommitted changes: "
+            + ", ".join(uncommitted)
+            + "\nCommit or stash them first."
+        )
     stage(2, "Downloading and hashing the sdists")
     hashes = download(project, targets)
     config = copy.deepcopy(project.config)
@@ -191,9 +221,16 @@ def cmd_upgrade(project: Project, args) -> int:
             if not any(u is upstream for u, _ in conflicted):
                 export_fork(new, upstream, force=False)
         stage(5, "Installing the forks and the stock sources")
-        build_stock(new, stock_dir(new))
         installed = True
-        if not args.no_install:
+        if conflicted:  # the venv and the stock sources stay on the releases the forks were built on
+            print(
+                f"  skipped while a PR conflicts: the venv and {project.rel(stock_dir(project))} stay on "
+                + ", ".join(u.label for u in project.upstreams.values()),
+                flush=True,
+            )
+        else:
+            build_stock(new, stock_dir(new))
+        if not args.no_install and not conflicted:
             try:  # pip checks the new releases' requirements: a failure is the stack's, the tests still run
                 install_forks(new, list(new.upstreams.values()))
             except ForkError as err:
@@ -213,10 +250,27 @@ def cmd_upgrade(project: Project, args) -> int:
             "  # edit the files, then: git add <files> && git am --continue   (again for each later patch)\n"
             "  cd - && make patches && make check"
         )
+    if conflicted:
+        old = " and ".join(u.label for u in project.upstreams.values())
+        print(
+            f"\nOr go back to {old} (the venv and {project.rel(stock_dir(project))} are still on them):\n"
+            f"  git checkout -- {' '.join(project.rel(p) for p in written)}\n"
+            "  make fork FORK_ARGS=--force   # rebuilds the forks on the previous pins; the conflicted one is kept as "
+            "a backup"
+        )
     if not installed:
         print("\nThe forks could not be installed into the venv: pip could not meet the new releases' requirements.")
     print("\nThe stack is ready." if ready else "\nThe stack is NOT ready: see above.")
     return 0 if ready else 1
+
+
+def uncommitted_paths(project: Project, paths: list[Path]) -> list[str]:
+    """Those of ``paths`` (files or folders of the repository) with changes git has not committed."""
+    rels = [project.rel(p) for p in paths]
+    proc = git(project.root, "status", "--porcelain", "--untracked-files=all", "--", *rels, check=False)
+    if proc.returncode != 0:  # not a git repository: nothing to compare with
+        return []
+    return sorted({line[3:] for line in proc.stdout.decode().splitlines() if line.strip()})
 
 
 def run_tests(project: Project, prs: list[PR], rows: dict, scratch: Path, pytest_args: str, skip: set) -> bool:

@@ -1,0 +1,116 @@
+"""Tests for the Makefile's interface (make help, the variables that pass options, what reaches a command's
+environment) and for the environment every test run of the workbench starts in (utils/workbench/testenv.py)."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "utils"))
+
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+
+# The variables of the Makefile's interface (`make help` names them)
+INTERFACE = (
+    "PYTHON",
+    "FORK_ARGS",
+    "PYTEST_ARGS",
+    "REPRO_ARGS",
+    "UPGRADE_ARGS",
+    "AUTHOR",
+    "TRANSFORMERS",
+    "ACCELERATE",
+)
+
+
+def make(*args: str, makefiles=()) -> str:
+    """``make -s ARGS`` in the repository, as from a shell of one's own (no make of ours around it); its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    files = [arg for path in makefiles for arg in ("-f", str(path))]
+    command = ["make", "-s", *(["-f", "Makefile"] if files else []), *files, *args]
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def targets() -> list[str]:
+    text = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    return sorted({m.group(1) for m in re.finditer(r"^([a-z][a-z-]*):(?!=)", text, flags=re.MULTILINE)})
+
+
+def test_make_help_lists_every_target_one_line_each():
+    printed = make("help")
+    assert set(targets()) >= {"help", "fork", "test", "check", "patches", "pr", "repro", "upgrade", "quality"}
+    for target in targets():
+        lines = [line for line in printed.splitlines() if re.match(rf"  {re.escape(target)} +\S", line)]
+        assert len(lines) == 1, f"make help shows {target} on {len(lines)} lines:\n{printed}"
+    for variable in ("REPRO_ARGS", "UPGRADE_ARGS", "AUTHOR", "TRANSFORMERS", "FORK_ARGS"):
+        assert variable in printed
+    assert make() == printed  # bare `make` is `make help`, and builds nothing
+
+
+def test_make_passes_the_options_it_names():
+    recipe = make("-n", "repro", "REPRO_ARGS=--steps 6 --scenarios no_scaler_pt").splitlines()[-1]
+    assert shlex.split(recipe) == [".venv/bin/python", "utils/repro", "--steps", "6", "--scenarios", "no_scaler_pt"]
+    recipe = make("-n", "pr", "AUTHOR=Jane O'Doe <jane@example.invalid>").splitlines()[-1]
+    assert shlex.split(recipe)[-2:] == ["--author", "Jane O'Doe <jane@example.invalid>"]
+    printed = make("-n", "upgrade", "TRANSFORMERS=5.25.0", "UPGRADE_ARGS=--allow-older --force")
+    recipe = printed[printed.index(".venv/bin/python utils/fork.py upgrade") :]
+    recipe = shlex.split(recipe.replace("\\\n", " "))  # the recipe's continued line
+    assert recipe[3:] == ["--transformers", "5.25.0", "--pytest-args", "-n auto", "--allow-older", "--force"]
+
+
+def test_no_variable_of_the_interface_reaches_a_command(tmp_path):
+    """make puts its command line's variables into each recipe's environment: `ACCELERATE=1.16.0` reached the tests,
+    whose upstream helpers delete every variable named like it, and the global-state plugin failed them."""
+    extra = tmp_path / "print-env.mk"
+    extra.write_text("print-env:\n\t@env\n", encoding="utf-8")
+    assignments = [f"{name}=x" for name in INTERFACE]
+    names = {line.partition("=")[0] for line in make("print-env", *assignments, makefiles=[extra]).splitlines()}
+    assert names.isdisjoint(INTERFACE), sorted(names & set(INTERFACE))
+
+
+def test_a_test_run_gets_a_defined_environment(tmp_path):
+    from workbench.testenv import clean_test_env
+
+    caller = {
+        "PATH": "/bin",
+        "HOME": "/home/me",
+        "LC_ALL": "C.UTF-8",
+        "RUN_SLOW": "1",
+        "OMP_NUM_THREADS": "1",
+        "ACCELERATE": "1.16.0",  # make's command line
+        "MAKEFLAGS": "s -- ACCELERATE=1.16.0",
+        "ACCELERATE_MIXED_PRECISION": "bf16",  # a user's own setting
+        "TRANSFORMERS_VERBOSITY": "debug",
+        "CI": "true",
+        "PYTEST_ADDOPTS": "-x",
+        "PYTHONPATH": "/elsewhere",
+    }
+    assert clean_test_env(caller, PYTHONPATH="utils") == {
+        "PATH": "/bin",
+        "HOME": "/home/me",
+        "LC_ALL": "C.UTF-8",
+        "RUN_SLOW": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": "utils",
+    }
+    # `make test` runs its pytest through it: a test sees none of the caller's other variables
+    test = tmp_path / "test_sees.py"
+    test.write_text(
+        "import os\n\n\ndef test_sees():\n"
+        "    assert [k for k in os.environ if 'ACCELERATE' in k or k in ('CI', 'MAKEFLAGS')] == []\n"
+        "    assert os.environ['RUN_SLOW'] == '1'\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, **{k: v for k, v in caller.items() if k not in ("PATH", "HOME", "PYTHONPATH")}}
+    env["PYTHONPATH"] = str(REPO_ROOT / "utils")
+    command = [sys.executable, "-m", "workbench.testenv", "-q", "-p", "no:cacheprovider", "-p", "pytest_global_state"]
+    proc = subprocess.run([*command, str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,52 @@
+"""The environment every test run of the workbench starts pytest in: defined here, never the caller's whole one.
+
+What a shell, a CI runner or make hands a process can change what tests do. make puts the variables of its command
+line into its recipes' environment (``make upgrade ACCELERATE=1.16.0`` hands every recipe ``ACCELERATE``, and
+upstream's test helpers delete each variable whose name contains ``ACCELERATE``, which the global-state plugin then
+reports as the test's doing), a CI runner sets ``CI``, and a user may have ``PYTEST_ADDOPTS``, ``PYTHONPATH`` or an
+``ACCELERATE_*``/``TRANSFORMERS_*`` setting exported. A test run gets the basics of a shell and the knobs the workbench
+sets on purpose (``make test`` exports ``RUN_SLOW`` and ``OMP_NUM_THREADS``; a GPU is chosen with
+``CUDA_VISIBLE_DEVICES``), and nothing else.
+
+``make test`` runs its own tests through this module:
+``python -m workbench.testenv [pytest args]`` runs ``python -m pytest [pytest args]`` in that environment with
+``PYTHONPATH=utils`` (for the ``pytest_global_state`` plugin) and exits with pytest's status.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+
+# What a user's own shell passes on (a reproduction in a reviewer's shell gets these too, repros.py).
+SHELL_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TMPDIR")
+# The knobs a test run takes from its caller.
+TEST_KNOBS = ("RUN_SLOW", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+UTILS = Path(__file__).resolve().parent.parent
+
+
+def shell_environment(environ=None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that a shell of one's own passes on: ``SHELL_ENV`` and
+    the locale (``LC_*``)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k in SHELL_ENV or k.startswith("LC_")}
+
+
+def clean_test_env(environ=None, **settings: str) -> dict[str, str]:
+    """The environment of a test run: ``shell_environment`` and ``TEST_KNOBS`` of ``environ``, then ``settings``."""
+    environ = os.environ if environ is None else environ
+    env = shell_environment(environ)
+    env.update({k: environ[k] for k in TEST_KNOBS if k in environ})
+    env.update(settings)
+    return env
+
+
+def main(argv: list[str]) -> int:
+    env = clean_test_env(PYTHONPATH=str(UTILS))
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "pytest", *argv], env)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
