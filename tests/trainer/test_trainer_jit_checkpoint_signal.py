@@ -13,6 +13,7 @@
 # limitations under the License.
 
 import signal
+from unittest import mock
 
 from parameterized import parameterized
 
@@ -87,6 +88,25 @@ class JITCheckpointSignalTest(TestCasePlus):
         else:
             self.assertEqual(callback.handlers, [original_sigterm_handler] * 4)
         self.assertEqual(len(callback.handlers), 4)
+
+    def test_sigterm_handler_on_every_process(self):
+        # In a multi-process run each process gets SIGTERM and takes part in the checkpoint: not only the main one
+        callback = RecordSigtermHandler()
+        with mock.patch.object(TrainingArguments, "process_index", new_callable=mock.PropertyMock, return_value=1):
+            trainer = self.get_trainer([callback])
+            self.assertFalse(trainer.is_world_process_zero())
+            trainer.train()
+        self.assertEqual(len(callback.handlers), 2)
+        self.assertTrue(all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers))
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+
+    def test_explicit_callback_without_enable_jit_checkpoint(self):
+        # A `JITCheckpointCallback` passed by the user does nothing without `enable_jit_checkpoint`
+        callback = RecordSigtermHandler()
+        trainer = self.get_trainer([JITCheckpointCallback(), callback], enable_jit_checkpoint=False)
+        trainer.train()
+        self.assertEqual(callback.handlers, [original_sigterm_handler] * 2)
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
     @parameterized.expand([("error", RuntimeError("training failed")), ("interrupt", KeyboardInterrupt())])
     def test_failed_training_restores_sigterm_handler(self, _, exception):
