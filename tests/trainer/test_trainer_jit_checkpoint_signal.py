@@ -100,12 +100,20 @@ class JITCheckpointSignalTest(TestCasePlus):
         self.assertTrue(all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers))
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
-    def test_explicit_callback_without_enable_jit_checkpoint(self):
-        # A `JITCheckpointCallback` passed by the user does nothing without `enable_jit_checkpoint`
+    @parameterized.expand([(True,), (False,)])
+    def test_explicit_callback(self, enable_jit_checkpoint):
+        # A `JITCheckpointCallback` passed by the user (never given the trainer) does nothing: the handler is the
+        # Trainer's own callback's with `enable_jit_checkpoint`, and none without
         callback = RecordSigtermHandler()
-        trainer = self.get_trainer([JITCheckpointCallback(), callback], enable_jit_checkpoint=False)
+        trainer = self.get_trainer([JITCheckpointCallback(), callback], enable_jit_checkpoint)
         trainer.train()
-        self.assertEqual(callback.handlers, [original_sigterm_handler] * 2)
+        if enable_jit_checkpoint:
+            self.assertTrue(
+                all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers)
+            )
+        else:
+            self.assertEqual(callback.handlers, [original_sigterm_handler] * 2)
+        self.assertEqual(len(callback.handlers), 2)
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
     @parameterized.expand([("error", RuntimeError("training failed")), ("interrupt", KeyboardInterrupt())])
