@@ -13,6 +13,7 @@
 # limitations under the License.
 
 import signal
+from unittest import mock
 
 from parameterized import parameterized
 
@@ -87,6 +88,33 @@ class JITCheckpointSignalTest(TestCasePlus):
         else:
             self.assertEqual(callback.handlers, [original_sigterm_handler] * 4)
         self.assertEqual(len(callback.handlers), 4)
+
+    def test_sigterm_handler_on_every_process(self):
+        # In a multi-process run each process gets SIGTERM and takes part in the checkpoint: not only the main one
+        callback = RecordSigtermHandler()
+        with mock.patch.object(TrainingArguments, "process_index", new_callable=mock.PropertyMock, return_value=1):
+            trainer = self.get_trainer([callback])
+            self.assertFalse(trainer.is_world_process_zero())
+            trainer.train()
+        self.assertEqual(len(callback.handlers), 2)
+        self.assertTrue(all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers))
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
+
+    @parameterized.expand([(True,), (False,)])
+    def test_explicit_callback(self, enable_jit_checkpoint):
+        # A `JITCheckpointCallback` passed by the user (never given the trainer) does nothing: the handler is the
+        # Trainer's own callback's with `enable_jit_checkpoint`, and none without
+        callback = RecordSigtermHandler()
+        trainer = self.get_trainer([JITCheckpointCallback(), callback], enable_jit_checkpoint)
+        trainer.train()
+        if enable_jit_checkpoint:
+            self.assertTrue(
+                all(isinstance(getattr(h, "__self__", None), CheckpointManager) for h in callback.handlers)
+            )
+        else:
+            self.assertEqual(callback.handlers, [original_sigterm_handler] * 2)
+        self.assertEqual(len(callback.handlers), 2)
+        self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
     @parameterized.expand([("error", RuntimeError("training failed")), ("interrupt", KeyboardInterrupt())])
     def test_failed_training_restores_sigterm_handler(self, _, exception):

@@ -76,21 +76,26 @@ class TrainerLossScaleLoggingTest(TestCasePlus):
             trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
             trainer.accelerator.native_amp = True
         scaler = trainer.accelerator.scaler
-        scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0})
+        # The scale doubles after every update and halves on the overflow: each logged value names its attempt
+        scaler.load_state_dict({**scaler.state_dict(), "scale": 64.0, "growth_interval": 1})
         trainer.train()
-        logged = [(attempt, logs.get("grad_scale")) for attempt, logs in recorder.logged_at]
-        # Halved by the overflow of update attempt 4 (whether or not the skipped update is logged), as a Python float
-        before = {scale for attempt, scale in logged if attempt < OVERFLOW_ATTEMPT}
-        after = {scale for attempt, scale in logged if attempt > OVERFLOW_ATTEMPT}
-        self.assertEqual((before, after), ({1024.0}, {512.0}))
-        self.assertEqual({type(scale) for _, scale in logged}, {float})
+        logged = {attempt: logs.get("grad_scale") for attempt, logs in recorder.logged_at}
+        expected, scale = {}, 64.0
+        for attempt in range(1, max(logged) + 1):
+            scale = scale / 2 if attempt == OVERFLOW_ATTEMPT else scale * 2
+            expected[attempt] = scale
+        # Every update is logged (whether or not the skipped one is), with the scale after it, as a Python float
+        self.assertLessEqual({1, 2, 3, 5, 6}, set(logged))
+        self.assertEqual(logged, {attempt: expected[attempt] for attempt in logged})
+        self.assertEqual({type(scale) for scale in logged.values()}, {float})
 
-    @parameterized.expand([("fp32", False), ("fp16_with_disabled_scaler", True)])
-    def test_no_grad_scale_without_loss_scaling(self, _, disabled_scaler):
+    @parameterized.expand([("fp32", {}), ("fp16_with_disabled_scaler", {"fp16": True})])
+    def test_no_grad_scale_without_loss_scaling(self, _, precision):
         # bf16 and fp32 have no loss scaler: the same code path. A disabled scaler reports a scale of 1.0, unused.
-        trainer, recorder = self.get_trainer()
-        if disabled_scaler:
+        trainer, recorder = self.get_trainer(**precision)
+        if precision:
             trainer.accelerator.scaler = torch.amp.GradScaler("cpu", enabled=False)
+            trainer.accelerator.native_amp = True
         trainer.train()
         self.assertTrue(recorder.logged_at)
         self.assertFalse(any("grad_scale" in logs for _, logs in recorder.logged_at))

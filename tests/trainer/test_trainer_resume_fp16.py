@@ -194,6 +194,21 @@ class TrainerLoadScalerTest(TestCasePlus):
         out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu"), level=logging.WARNING)[1]
         self.assertEqual(out, "")
 
+    def test_resume_checkpoint_saved_with_disabled_scaler(self):
+        # A disabled scaler has no state to save: an enabled one refuses to load its empty `state_dict()`
+        args = TrainingArguments(self.get_auto_remove_tmp_dir(), use_cpu=True, report_to=[], fp16=True)
+        trainer = Trainer(torch.nn.Linear(2, 2), args)
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", enabled=False)
+        checkpoint = self.get_auto_remove_tmp_dir()
+        trainer._save_scaler(checkpoint)
+        self.assertFalse(os.path.exists(os.path.join(checkpoint, "scaler.pt")))
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        trainer._load_scaler(checkpoint)
+        self.assertEqual(trainer.accelerator.scaler.get_scale(), 1024.0)
+        # An enabled scaler is saved
+        trainer._save_scaler(checkpoint)
+        self.assertEqual(torch.load(os.path.join(checkpoint, "scaler.pt"))["scale"], 1024.0)
+
 
 @require_torch
 class TrainerResumeFp16Test(TestCasePlus):

@@ -91,7 +91,7 @@ def test_a_description_in_the_current_template_passes(project):
 def test_each_rule_is_enforced(project):
     long = " ".join(["word"] * 251)
     cases = {
-        "trainer-long": (GOOD.replace("Fixes a crash", long + " Fixes a crash"), "words of prose, more than 250"),
+        "trainer-long": (GOOD.replace("Fixes a crash", long + " Fixes a crash"), "words of prose, more than 150"),
         "trainer-words": (GOOD, "says 'workbench'"),
         "trainer-make": (GOOD.replace("Fixes", "Run make pr. Fixes"), "says 'make'"),
         "trainer-folder": (GOOD.replace("Fixes", "See utils/repro.py. Fixes"), "says 'utils/'"),
@@ -184,6 +184,20 @@ def test_a_comment_draft_is_held_to_the_comment_limit(project, monkeypatch):
     assert problems(project) == [
         f"docs/issues/{stem}.md: 251 words of prose, more than {texts.COMMENT_WORDS} (code blocks not counted)"
     ]
+
+
+def test_a_pr_description_is_held_to_150_words_and_one_reproduction(project):
+    assert texts.PR_WORDS == 150
+    good = GOOD.replace("say workbench freely? no: the words", "the words")
+    prose = " ".join(["w"] * (150 - texts.word_count(good)))
+    text = good.replace("Fixes a crash when resuming (#34053).", f"Fixes a crash when resuming (#34053). {prose}")
+    write_text(project / "docs/pr/trainer-x.md", text)
+    assert problems(project) == []
+    write_text(project / "docs/pr/trainer-x.md", text.replace(" w w", " w w w", 1))
+    assert problems(project) == ["docs/pr/trainer-x.md: 151 words of prose, more than 150 (code blocks not counted)"]
+    second = text.replace("## Code Agent Policy", "```python\nprint(2)\n```\n\n## Code Agent Policy")
+    write_text(project / "docs/pr/trainer-x.md", second)
+    assert problems(project) == ["docs/pr/trainer-x.md: 2 reproductions (```python blocks), more than one"]
 
 
 def test_references_must_say_what_was_found(project):

@@ -41,7 +41,7 @@ from .stack import load_stack
 REFERENCES = "docs/references.json"
 PR_DIR = "docs/pr"
 ISSUE_DIR = "docs/issues"
-PR_WORDS = 250
+PR_WORDS = 150
 ISSUE_WORDS = 300
 NOTE_WORDS = 300
 COMMENT_WORDS = 250
@@ -385,9 +385,12 @@ def text_problems(project: Project) -> list[str]:
         for word, pattern in FORBIDDEN_RE:
             if pattern.search(body):
                 problems.append(f"{rel}: says {word.strip()!r}, which is about how it was made, not about the change")
-        for block in PYTHON_BLOCK.findall(body):
+        blocks = PYTHON_BLOCK.findall(body)
+        for block in blocks:
             if len(block.splitlines()) > REPRO_LINES:
                 problems.append(f"{rel}: a reproduction of {len(block.splitlines())} lines, more than {REPRO_LINES}")
+        if text.kind == "pr" and len(blocks) > 1:
+            problems.append(f"{rel}: {len(blocks)} reproductions (```python blocks), more than one")
         if "#<" in body:
             problems.append(f"{rel}: holds a '#<' placeholder")
         if text.kind == "issue" and text.upstream is None:
