@@ -1338,3 +1338,18 @@ def test_changing_a_prs_commit_as_the_readme_says_rewrites_its_patch(project, ca
     out = capsys.readouterr().out
     assert "belongs to no PR" in out
     assert 'git commit --fixup=":/<its subject>", then git -c sequence.editor=: rebase -i --autosquash' in out
+
+
+def test_a_commit_after_the_last_patch_leaves_its_file_as_it_was(project):
+    """Every exported patch ends as format-patch separates them (with a blank line), the last one too."""
+    patches = make_stack(project)
+    before = {path.name: path.read_bytes() for path in (project / "patches/transformers").glob("*.patch")}
+    fork = fork_dir(project)
+    trainer = (fork / "src/transformers/trainer.py").read_text(encoding="utf-8")
+    commit_in_fork(project, "More", {"src/transformers/trainer.py": trainer.replace("line 22\n", "line 22 more\n")})
+    assert run(project, "export") == 0
+    after = {path.name: path.read_bytes() for path in (project / "patches/transformers").glob("*.patch")}
+    assert len(after) == len(before) + 1 and patches
+    for name, content in before.items():
+        assert after[name] == content, name
+    assert all(content.endswith(b"\n\n") for content in after.values())

@@ -173,7 +173,10 @@ def split_patches(stream: bytes) -> list[bytes]:
     starts = [
         m.start() for m in re.finditer(re.escape(ZERO_FROM), stream) if m.start() == 0 or stream[m.start() - 1] == 10
     ]
-    return [stream[a:b] for a, b in zip(starts, starts[1:] + [len(stream)])]
+    chunks = [stream[a:b] for a, b in zip(starts, starts[1:] + [len(stream)])]
+    # format-patch separates patches with a blank line, which the last one lacks: give it one too, so that a commit
+    # added after it leaves its file as it was.
+    return [*chunks[:-1], chunks[-1] + b"\n"] if chunks else []
 
 
 def plan_export(upstream: Upstream, fork: Path) -> ExportPlan:
