@@ -141,6 +141,10 @@ def test_leaks_sys_path():
     sys.path.insert(0, "/nonexistent/leaked")
 
 
+def test_clean_puts_a_path_entry_in_front_again():
+    sys.path.insert(0, sys.path[0])  # the first entry again: a later import finds what it found before
+
+
 def test_not_checked_random_state():
     random.seed(1)
     np.random.seed(1)
