@@ -11,6 +11,9 @@
 #   make pr        dist/<NN>-<name>/ per PR: its `git am` series + PR_DESCRIPTION.md, authored by your git identity
 #   make quality   ruff (check + format --check) with upstream's settings
 #   make repro     the #34053 scenarios offline, stock next to the fork: tables, build/repro/report.json, repro.png
+#   make open      CLONE=../transformers [PR=name]: each PR on a branch of your clone of upstream main, proven there
+#                  (its tests with and without its fix, upstream's tests/trainer on main and on the branch, the GPU
+#                  check where CUDA is); OPEN_ARGS for more (utils/workbench/opener.py), e.g. --force
 #   make upgrade   move the forks and the stack to new releases (the newest on the package index, or
 #                  TRANSFORMERS=5.25.0 ACCELERATE=1.16.0): pin file, forks, patches, stock sources; one row per PR
 # Extra options for `utils/fork.py build` go in FORK_ARGS, e.g. `make fork FORK_ARGS=-3` or `FORK_ARGS=--force`.
@@ -28,7 +31,7 @@ OWN_PY := utils tests/workbench bench
 OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
-.PHONY: fork deps test patches check pr quality repro upgrade
+.PHONY: fork deps test patches check pr quality repro upgrade open
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +62,10 @@ upgrade: export RUN_SLOW := 1
 upgrade: deps
 	$(VPY) $(FORK) upgrade $(if $(TRANSFORMERS),--transformers $(TRANSFORMERS)) \
 		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)"
+
+# The Makefile's own variables stay out of the tests' environment (make exports command-line variables).
+open: fork
+	env -u CLONE -u PR -u OPEN_ARGS $(VPY) $(FORK) open --clone "$(CLONE)" $(if $(PR),--pr "$(PR)") $(OPEN_ARGS)
 
 patches: | $(VPY)
 	$(VPY) $(FORK) export

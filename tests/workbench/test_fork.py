@@ -783,15 +783,15 @@ def test_build_on_an_existing_clone_makes_a_branch_per_pr(project, tmp_path, cap
     sh(clone, "git", "config", "user.name", "Clone Dev")
     sh(clone, "git", "config", "user.email", "clone@example.invalid")
     assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 0
-    assert sh(clone, "git", "branch", "--show-current").strip() == PR1
+    assert sh(clone, "git", "branch", "--show-current").strip() == "main"  # the clone's checkout stays
     assert sh(clone, "git", "rev-list", "--count", f"main..{PR1}").strip() == "2"
-    assert "line 20 patched" in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
-    assert "line 21 logged" not in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
-    assert set(sh(clone, "git", "log", "--format=%an <%ae>", "main..").split("\n")) == {
+    assert "line 20 patched" in sh(clone, "git", "show", f"{PR1}:src/transformers/trainer.py")
+    assert "line 21 logged" not in sh(clone, "git", "show", f"{PR1}:src/transformers/trainer.py")
+    assert set(sh(clone, "git", "log", "--format=%an <%ae>", f"main..{PR1}").split("\n")) == {
         "Clone Dev <clone@example.invalid>",
         "",
     }
-    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 1  # the branch exists now
+    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 2  # the branch exists now
     assert "branch trainer-loss-scale exists" in capsys.readouterr().err
     sh(clone, "git", "checkout", "-q", "main")
     assert run(project, "build", "--clone", str(clone)) == 0  # default: the whole transformers stack
