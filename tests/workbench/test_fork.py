@@ -818,6 +818,12 @@ def test_pr_writes_the_issue_drafts_and_tells_the_submitter_how_it_was_made(proj
         and "clone of upstream's current main" in readme
     )
     assert f"## 01-{PR1}" in readme and "**open the issue first**: `issues/transformers-loss-scale.md`" in readme
+    # The base each series was made on, and the step before opening it: `make open` on a clone of main, GPU check
+    assert (
+        f"- made on: fakepkg 1.0, the pinned release's sdist (pristine); before opening: `make open "
+        f"CLONE=../transformers PR={PR1}` on your clone of main" in readme
+    )
+    assert "`make open CLONE=<your clone> PR=<name>`" in readme and "`bench/gpu_check.py`" in readme
     assert "open the issue first**: `issues/transformers-gc-freeze-after-collection.md`" in readme
     assert (
         "after the issue transformers-loss-scale.md" in printed and "docs/issues/transformers-loss-scale.md" in printed
@@ -876,10 +882,13 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "1. Post `issues/accelerate-9-comment.md` as a comment on huggingface/accelerate#9: it asks. Waits for nothing.",
         "2. Post `issues/accelerate-10-review.md` as a comment on huggingface/accelerate#10: it suggests. Waits for "
         "nothing.",
-        "3. Open `01-accelerate-skips` (accelerate). Waits for an answer to the comment on huggingface/accelerate#9 "
+        "3. Open `01-accelerate-skips` (accelerate) once `make open CLONE=../accelerate PR=accelerate-skips` says it "
+        "is ready to push. Waits for an answer to the comment on huggingface/accelerate#9 "
         "(`issues/accelerate-9-comment.md`); a maintainer preferring a PR (`issues/accelerate-10-review.md`).",
-        f"4. Open `02-{PR1}` (transformers). Waits for nothing.",
-        "5. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
+        f"4. Open `02-{PR1}` (transformers) once `make open CLONE=../transformers PR={PR1}` says it is ready to "
+        "push. Waits for nothing.",
+        "5. Open `03-trainer-logging` (transformers) once `make open CLONE=../transformers PR=trainer-logging` says "
+        "it is ready to push. Waits for an answer to the issue "
         f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
         "01-accelerate-skips merged (this PR applies on top of it).",
         "",
