@@ -279,7 +279,9 @@ def test_upstream_tests_that_stop_collecting_are_named_per_file(setup, capsys):
     )
     assert open_(root, clone, "--pr", "no-bug") == 1
     out = capsys.readouterr().out
-    assert "not collected on branch no-bug: tests/trainer/test_imports.py: ImportError: cannot import name 'log'" in out
+    assert (
+        "not collected on branch no-bug: tests/trainer/test_imports.py: ImportError: cannot import name 'log'" in out
+    )
     assert "tests/trainer/test_imports.py: does not collect" in table_of(out, "no-bug")
 
 
@@ -343,3 +345,22 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "test_x.py::test_error": "error",
     }
     assert list(data["collect_errors"]) == ["test_y.py"] and "nothing_here" in data["collect_errors"]["test_y.py"]
+
+
+def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup, monkeypatch, capsys):
+    from workbench import opener
+
+    root, clone = setup
+    monkeypatch.setattr(opener, "has_cuda", lambda python: True)
+    write(  # a stand-in for bench/gpu_check.py: its summary file and exit status, as the real one writes them
+        root / "bench/gpu_check.py",
+        "import pathlib, sys\nout = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\nout.mkdir(parents=True)\n"
+        "(out / 'gpu_check.txt').write_text('parity: passed, bit-exact\\n')\n",
+    )
+    text = root / "dist/03-moves-tests/PR_DESCRIPTION.md"
+    write(text, f"On CPU in-process; {opener.GPU_PLACEHOLDER}.\n")
+    assert open_(root, clone, "--pr", "moves-tests") == 0
+    assert "GPU                       passed" in table_of(capsys.readouterr().out, "moves-tests")
+    assert text.read_text(encoding="utf-8") == (
+        "On CPU in-process; on a GPU, `bench/gpu_check.py` passed: parity: passed, bit-exact.\n"
+    )
