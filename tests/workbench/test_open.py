@@ -172,10 +172,8 @@ def table_of(out: str, pr: str) -> str:
 
 def test_open_makes_each_branch_from_main_and_proves_it_there(setup, capsys):
     root, clone = setup
-    commit(clone, "work of my own", {"notes.txt": "mine\n"})  # a branch of the contributor's, checked out
-    sh(clone, "git", "checkout", "-q", "-b", "mine")
-    sh(clone, "git", "checkout", "-q", "HEAD~0")
-    sh(clone, "git", "checkout", "-q", "mine")
+    sh(clone, "git", "checkout", "-q", "-b", "mine")  # a branch of the contributor's, checked out
+    commit(clone, "work of my own", {"notes.txt": "mine\n"})
     before = (sh(clone, "git", "status", "--porcelain"), sh(clone, "git", "rev-parse", "mine"))
     assert open_(root, clone) == 1  # not every PR is ready
     out = capsys.readouterr().out
