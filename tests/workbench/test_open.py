@@ -196,19 +196,20 @@ def test_open_makes_each_branch_from_main_and_proves_it_there(setup, capsys):
 
     fix = table_of(out, "fix-scale")
     assert "tests with its fix        pass (1 passed)" in fix
-    assert "tests without its fix     fail, as they must (test_scale_is_two)" in fix
+    assert "tests without its fix     fail, as they must (test_scale_is_two: failed)" in fix
     assert "tests/trainer/test_basic.py::test_scale_is_one: passed -> failed" in fix
     assert "ready to push             no (upstream outcome changes)" in fix
     leaky = table_of(out, "leaky")
     assert "added: tests/trainer/test_basic.py::test_log (environment" in leaky and "LEAKED" in leaky
     assert "test_scale_is_one" not in leaky  # attributed to fix-scale only
+    assert "upstream outcome changes  none" in leaky and "ready to push             no (leaks)" in leaky
     moved = table_of(out, "moves-tests")
     assert "in upstream's tests/trainer/test_home.py" in moved
-    assert "(1 passed)" in moved and "fail, as they must (test_scale)" in moved
+    assert "(1 passed)" in moved and "fail, as they must (test_scale: failed)" in moved
     assert "ready to push             yes" in moved and "new tests failing" not in moved
     assert "PASS: they do not show the bug" in table_of(out, "no-bug")
     assert "GPU check: not run, no CUDA" in out
-    assert "  outcome changed: 2" in out and "3 tests (3 passed)" in out
+    assert "  outcome changed: 1" in out and "3 tests (3 passed)" in out
     assert "1 of 4 PR(s) ready to push" in out
 
     # Run again: the branches exist, so nothing is made without --force
@@ -319,7 +320,9 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         tmp_path / "test_x.py",
         "import pytest\n\n\ndef test_ok():\n    pass\n\n\ndef test_bad():\n    assert 0\n\n\n@pytest.mark.xfail\n"
         "def test_xf():\n    assert 0\n\n\n@pytest.fixture\ndef broken():\n    raise RuntimeError\n\n\n"
-        "def test_error(broken):\n    pass\n",
+        "def test_error(broken):\n    pass\n\n\n@pytest.fixture\ndef leaks():\n    yield\n"
+        "    raise AssertionError('test_leaks left process-global state changed (put back for the next test)')\n\n\n"
+        "def test_leaks(leaks):\n    pass\n",
     )
     write(tmp_path / "test_y.py", "import nothing_here\n")
     log = tmp_path / "log.json"
@@ -341,6 +344,7 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "test_x.py::test_bad": "failed",
         "test_x.py::test_xf": "xfailed",
         "test_x.py::test_error": "error",
+        "test_x.py::test_leaks": "passed",  # the guard's error: a leak, which its own log names
     }
     assert list(data["collect_errors"]) == ["test_y.py"] and "nothing_here" in data["collect_errors"]["test_y.py"]
 

@@ -648,12 +648,13 @@ def cmd_open(project: Project, args) -> int:
             )
             mine = pr_tests_outcome(own, branch.tests)
             bad = {t: o for t, o in mine.items() if o in BAD_OUTCOMES}
+            bad.update({t: f"left {what} changed" for t, what in own.leaks if t in mine})
             v.with_fix_ok = (
                 bool(mine) and not bad and not any(test_file(t) in own.collect_errors for t in branch.tests)
             )
             v.with_fix = ("pass" if v.with_fix_ok else "FAIL") + f" ({describe_outcomes(mine)})"
             if bad:
-                v.with_fix += ": " + ", ".join(sorted(bad))
+                v.with_fix += ": " + ", ".join(f"{t}: {o}" for t, o in sorted(bad.items()))
             attribute(
                 branch,
                 d,
@@ -671,7 +672,8 @@ def cmd_open(project: Project, args) -> int:
                     branch.worktree, f"{branch.pr.name}-without-fix", branch.tests, first_failure=True
                 )
                 mine = pr_tests_outcome(without, branch.tests)
-                failed = sorted(t.rpartition("::")[2] for t, o in mine.items() if o in BAD_OUTCOMES)
+                failed = sorted(f"{t.rpartition('::')[2]}: {o}" for t, o in mine.items() if o in BAD_OUTCOMES)
+                failed += sorted(f"{t.rpartition('::')[2]}: left {w} changed" for t, w in without.leaks if t in mine)
                 errors = sorted(without.collect_errors)
                 v.without_fix_ok = bool(failed or errors)
                 v.without_fix = (
@@ -768,10 +770,16 @@ def summary(target: Target, suite, base: Run, stacked: Run, d: Diff, unexplained
     return "\n".join(lines)
 
 
+def shortened(items: list[str], most: int = 3) -> str:
+    """``items`` joined, the first ``most`` of them where there are more (all are in the summary above the tables)."""
+    shown = "; ".join(items[:most])
+    return shown + (f"; and {len(items) - most} more (listed above)" if len(items) > most else "")
+
+
 def table(target: Target, branch: Branch, v: Verdict, gpu: str, gpu_ok: bool | None) -> bool:
     applies = f"yes, on {target.base_label} (three-way); its tests {branch.test_home}"
-    changes = "; ".join(v.changes) or "none"
-    leaks = "; ".join(v.leaks) or "none added"
+    changes = shortened(v.changes) or "none"
+    leaks = shortened(v.leaks) or "none added"
     if v.new_tests:
         changes += f" ({v.new_tests})" if v.changes else f"; {v.new_tests}"
     checks = {
