@@ -284,10 +284,16 @@ def test_upstream_tests_that_stop_collecting_are_named_per_file(setup, capsys):
     assert "tests/trainer/test_imports.py: does not collect" in table_of(out, "no-bug")
 
 
-@pytest.mark.parametrize("case", ["not a clone", "other upstream", "dirty", "git am", "no identity", "no tests"])
+@pytest.mark.parametrize(
+    "case", ["no clone named", "not a clone", "other upstream", "dirty", "git am", "no identity", "no tests"]
+)
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(setup, tmp_path, monkeypatch, capsys, case):
     root, clone = setup
     args = []
+    if case == "no clone named":
+        assert run(root, "open", "--clone", "") == 2
+        assert "name your clone of upstream: make open CLONE=" in capsys.readouterr().err
+        return
     if case == "not a clone":
         clone = tmp_path / "plain"
         clone.mkdir()

@@ -138,7 +138,11 @@ class Target:
 def check_target(project: Project, args, command: str, all_prs: bool) -> Target:
     """The clone, its upstream, the PRs, the base and the contributor's identity; BadInput for anything wrong.
     ``all_prs``: without --pr, every PR of the upstream (`open`); else the top one with what it depends on."""
+    if not args.clone:
+        raise BadInput("name your clone of upstream: make open CLONE=../transformers (--clone PATH)")
     clone = Path(args.clone).resolve()
+    if clone == project.root:
+        raise BadInput(f"{clone} is this workbench, not a clone of upstream")
     if not clone.is_dir() or not (clone / ".git").exists():
         raise BadInput(f"{clone} is not a git clone (no .git)")
     prs = load_stack(project)
