@@ -642,7 +642,11 @@ def cmd_open(project: Project, args) -> int:
             v = verdicts[branch.pr.name] = Verdict()
             print(
                 f"\n== PR {branch.pr.name}: its tests with its fix ({' '.join(branch.tests)})"
-                + (f", and {len(again)} upstream test(s) that changed" if again and len(branches) > 1 else ""),
+                + (
+                    f", and {len(again)} upstream test(s) whose outcome or leaks differ, again"
+                    if again and len(branches) > 1
+                    else ""
+                ),
                 flush=True,
             )
             own = runner.run(
