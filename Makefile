@@ -14,14 +14,15 @@ AUTHOR ?=
 
 # No variable of this interface reaches a command's environment (make puts its command line's variables there, and
 # `ACCELERATE=...` would reach the tests); every test run also starts in a defined environment (workbench/testenv.py).
-unexport PYTHON FORK_ARGS PYTEST_ARGS REPRO_ARGS UPGRADE_ARGS AUTHOR TRANSFORMERS ACCELERATE TESTS CENSUS_ARGS
+unexport PYTHON FORK_ARGS PYTEST_ARGS REPRO_ARGS UPGRADE_ARGS AUTHOR TRANSFORMERS ACCELERATE TESTS CENSUS_ARGS \
+	CLONE PR OPEN_ARGS
 
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
 OWN_PY := utils tests/workbench bench
 OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
-.PHONY: help fork deps test patches check pr quality repro upgrade
+.PHONY: help fork deps test patches check pr quality repro upgrade open
 .DEFAULT_GOAL := help
 
 help: ## list the targets, one line each, and the variables that pass options
@@ -29,7 +30,8 @@ help: ## list the targets, one line each, and the variables that pass options
 	@sed -n 's/^\([a-z][a-z-]*\):.*## \(.*\)/\1|\2/p' $(firstword $(MAKEFILE_LIST)) | awk -F'|' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Options: FORK_ARGS (fork.py build, e.g. --force), PYTEST_ARGS (default -n auto), REPRO_ARGS (utils/repro,"
 	@echo "  e.g. '--steps 6 --scenarios no_scaler_pt'), UPGRADE_ARGS (--allow-older, --force), TRANSFORMERS=VERSION and"
-	@echo "  ACCELERATE=VERSION (upgrade), AUTHOR='Name <email>' (pr), TESTS and CENSUS_ARGS (census)"
+	@echo "  ACCELERATE=VERSION (upgrade), AUTHOR='Name <email>' (pr), TESTS and CENSUS_ARGS (census), CLONE, PR and"
+	@echo "  OPEN_ARGS (open, e.g. --force, --base REF, --venv DIR)"
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +62,9 @@ upgrade: export RUN_SLOW := 1
 upgrade: deps ## move the forks and the stack to new releases (the newest, or TRANSFORMERS=... ACCELERATE=...)
 	$(VPY) $(FORK) upgrade $(if $(TRANSFORMERS),--transformers $(TRANSFORMERS)) \
 		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)" $(UPGRADE_ARGS)
+
+open: fork ## CLONE=../transformers [PR=name]: each PR on a branch of your clone of main, proven there (OPEN_ARGS)
+	$(VPY) $(FORK) open --clone "$(CLONE)" $(if $(PR),--pr "$(PR)") $(OPEN_ARGS)
 
 patches: | $(VPY) ## export the forks' commits back into the overlays and patches/<upstream>/
 	$(VPY) $(FORK) export

@@ -804,15 +804,15 @@ def test_build_on_an_existing_clone_makes_a_branch_per_pr(project, tmp_path, cap
     sh(clone, "git", "config", "user.name", "Clone Dev")
     sh(clone, "git", "config", "user.email", "clone@example.invalid")
     assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 0
-    assert sh(clone, "git", "branch", "--show-current").strip() == PR1
+    assert sh(clone, "git", "branch", "--show-current").strip() == "main"  # the clone's checkout stays
     assert sh(clone, "git", "rev-list", "--count", f"main..{PR1}").strip() == "2"
-    assert "line 20 patched" in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
-    assert "line 21 logged" not in (clone / "src/transformers/trainer.py").read_text(encoding="utf-8")
-    assert set(sh(clone, "git", "log", "--format=%an <%ae>", "main..").split("\n")) == {
+    assert "line 20 patched" in sh(clone, "git", "show", f"{PR1}:src/transformers/trainer.py")
+    assert "line 21 logged" not in sh(clone, "git", "show", f"{PR1}:src/transformers/trainer.py")
+    assert set(sh(clone, "git", "log", "--format=%an <%ae>", f"main..{PR1}").split("\n")) == {
         "Clone Dev <clone@example.invalid>",
         "",
     }
-    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 1  # the branch exists now
+    assert run(project, "build", "--clone", str(clone), "--pr", PR1) == 2  # the branch exists now
     assert "branch trainer-loss-scale exists" in capsys.readouterr().err
     sh(clone, "git", "checkout", "-q", "main")
     assert run(project, "build", "--clone", str(clone)) == 0  # default: the whole transformers stack
@@ -839,6 +839,12 @@ def test_pr_writes_the_issue_drafts_and_tells_the_submitter_how_it_was_made(proj
         and "clone of upstream's current main" in readme
     )
     assert f"## 01-{PR1}" in readme and "**open the issue first**: `issues/transformers-loss-scale.md`" in readme
+    # The base each series was made on, and the step before opening it: `make open` on a clone of main, GPU check
+    assert (
+        f"- made on: fakepkg 1.0, the pinned release's sdist (pristine); before opening: `make open "
+        f"CLONE=../transformers PR={PR1}` on your clone of main" in readme
+    )
+    assert "`make open CLONE=<your clone> PR=<name>`" in readme and "`bench/gpu_check.py`" in readme
     assert "open the issue first**: `issues/transformers-gc-freeze-after-collection.md`" in readme
     assert (
         "after the issue transformers-loss-scale.md" in printed and "docs/issues/transformers-loss-scale.md" in printed
@@ -897,10 +903,13 @@ def test_pr_writes_a_staged_plan_each_step_with_what_it_waits_for(project, tmp_p
         "1. Post `issues/accelerate-9-comment.md` as a comment on huggingface/accelerate#9: it asks. Waits for nothing.",
         "2. Post `issues/accelerate-10-review.md` as a comment on huggingface/accelerate#10: it suggests. Waits for "
         "nothing.",
-        "3. Open `01-accelerate-skips` (accelerate). Waits for an answer to the comment on huggingface/accelerate#9 "
+        "3. Open `01-accelerate-skips` (accelerate) once `make open CLONE=../accelerate PR=accelerate-skips` says it "
+        "is ready to push. Waits for an answer to the comment on huggingface/accelerate#9 "
         "(`issues/accelerate-9-comment.md`); a maintainer preferring a PR (`issues/accelerate-10-review.md`).",
-        f"4. Open `02-{PR1}` (transformers). Waits for nothing.",
-        "5. Open `03-trainer-logging` (transformers). Waits for an answer to the issue "
+        f"4. Open `02-{PR1}` (transformers) once `make open CLONE=../transformers PR={PR1}` says it is ready to "
+        "push. Waits for nothing.",
+        "5. Open `03-trainer-logging` (transformers) once `make open CLONE=../transformers PR=trainer-logging` says "
+        "it is ready to push. Waits for an answer to the issue "
         f"`issues/transformers-loss-scale.md` (open it first); 02-{PR1} merged (this PR applies on top of it); "
         "01-accelerate-skips merged (this PR applies on top of it).",
         "",

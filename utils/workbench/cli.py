@@ -10,6 +10,7 @@ from pathlib import Path
 from . import __doc__ as PACKAGE_DOC
 from .forks import OVERLAY_MESSAGE, TOOL_VERSION, cmd_build, cmd_export, pip_install, venv_python
 from .gitutil import ForkError, PatchConflict, contributor_identity, parse_author
+from .opener import cmd_open
 from .overlay import add_overlay, read_overlay
 from .pr import ISSUES_OUT, write_pr_output
 from .project import Project, Upstream, load_project
@@ -198,6 +199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build = sub.add_parser("build", parents=[common], help="build the forks (a fast no-op when nothing changed)")
     build.add_argument("--clone", help="put the stack's PRs on a new branch of this contributor's upstream clone")
     build.add_argument("--pr", help="with --clone: stop at this PR (default: the top one of that upstream)")
+    build.add_argument("--base", help="with --clone: the branch starts here (default: the clone's main)")
     build.add_argument("--branch", help="branch to create with --clone (default: the PR's name)")
     build.add_argument("--author", help="with --clone: 'Name <email>' (default: git's user.name and user.email)")
     build.add_argument("-3", "--3way", dest="three_way", action="store_true", help="let git am do three-way merges")
@@ -213,6 +215,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pr = sub.add_parser("pr", parents=[common], help="write one folder per PR of the stack to dist/")
     pr.add_argument("--out", help="output folder (default: REPO/dist)")
     pr.add_argument("--author", help="'Name <email>' (default: git's user.name and user.email)")
+    opener = sub.add_parser(
+        "open", parents=[common], help="each PR on a branch of your clone of upstream main, proven there (make open)"
+    )
+    opener.add_argument("--clone", required=True, help="your clone of upstream (its main is the base)")
+    opener.add_argument("--pr", help="only this PR (default: every PR of the clone's upstream)")
+    opener.add_argument("--base", help="the branches start here (default: the clone's main)")
+    opener.add_argument("--branch", help="with --pr: the branch's name (default: the PR's name)")
+    opener.add_argument("--author", help="'Name <email>' (default: git's user.name and user.email)")
+    opener.add_argument("--force", action="store_true", help="make the PR branches again where they exist")
+    opener.add_argument(
+        "--keep-conflict", action="store_true", help="on a conflict, leave the branch in `git am` in a worktree"
+    )
+    opener.add_argument("--suite", action="append", help="upstream's tests to run (default: tests/trainer)")
+    opener.add_argument("--workers", default="auto", help="pytest -n for upstream's suite (default auto; 0: none)")
+    opener.add_argument("--pytest-args", default="", help="extra pytest arguments for every run, e.g. '--timeout 900'")
     sub.add_parser("deps", parents=[common], help="install the pinned tools into the venv (torch first)")
     upgrade = sub.add_parser(
         "upgrade", parents=[common], help="move the forks and the stack to new releases (default: the newest)"
@@ -263,6 +280,7 @@ COMMANDS = {
     "pr": cmd_pr,
     "deps": cmd_deps,
     "upgrade": cmd_upgrade,
+    "open": cmd_open,
 }
 
 
@@ -272,4 +290,4 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](make_project(args), args)
     except ForkError as err:
         print(f"fork.py {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        return getattr(err, "status", 1)

@@ -13,15 +13,13 @@ from .gitutil import (
     ForkError,
     PatchConflict,
     am_in_progress,
-    contributor_env,
-    contributor_identity,
     git,
     git_dir,
     git_env,
-    parse_author,
     rev_parse,
     status_paths,
 )
+from .opener import build_clone
 from .overlay import add_overlay, is_skipped, read_overlay
 from .project import Project, Upstream
 from .series import (
@@ -34,7 +32,7 @@ from .series import (
     unexported_changes,
 )
 from .sources import BASE_REF, FORK_BRANCH, build_stock, create_pristine, obtain_sdist, stock_dir
-from .stack import dependencies, load_stack, prs_of, stack_problems
+from .stack import load_stack, stack_problems
 
 
 TOOL_VERSION = "2"
@@ -265,72 +263,12 @@ def build_fork(project: Project, upstream: Upstream, args) -> None:
 def cmd_build(project: Project, args) -> int:
     upstreams = project.select(args.upstream)
     if args.clone:
-        return build_clone(project, args)
+        return build_clone(project, args)  # the branches of a contributor's clone: opener.py
     for upstream in upstreams:
         build_fork(project, upstream, args)
     build_stock(project, stock_dir(project))
     if not args.no_install:
         install_forks(project, upstreams)
-    return 0
-
-
-def clone_upstream(project: Project, clone: Path, names: list[str] | None) -> Upstream:
-    """The upstream a contributor's clone is of: ``--upstream``, else the one whose package folder it holds."""
-    if names:
-        if len(names) != 1:
-            raise ForkError("--clone takes one --upstream")
-        return project.select(names)[0]
-    found = [u for u in project.upstreams.values() if (clone / "src" / u.module).is_dir()]
-    if len(found) != 1:
-        raise ForkError(f"cannot tell which upstream {clone} is a clone of: pass --upstream NAME")
-    return found[0]
-
-
-def build_clone(project: Project, args) -> int:
-    """The stack's PRs for one upstream on a new branch of the contributor's clone, authored by the contributor:
-    each PR's new files in one commit, then its patches (as ``make pr`` writes them)."""
-    clone = Path(args.clone).resolve()
-    if not (clone / ".git").exists():
-        raise ForkError(f"{clone} is not a git clone")
-    upstream = clone_upstream(project, clone, args.upstream)
-    name, email = parse_author(args.author) if args.author else contributor_identity(clone, "build --clone")
-    env = contributor_env(name, email)
-    prs = load_stack(project)
-    problems = stack_problems(project, prs)
-    if problems:
-        raise ForkError("the stack is not consistent (run `make check`):\n  " + "\n  ".join(problems))
-    own = prs_of(prs, upstream)
-    if not own:
-        raise ForkError(f"the stack has no PR for {upstream.name}")
-    if args.pr:
-        matches = [pr for pr in own if pr.name == args.pr]
-        if not matches:
-            raise ForkError(f"--pr {args.pr}: no {upstream.name} PR of that name ({', '.join(p.name for p in own)})")
-        target = matches[0]
-    else:
-        target = own[-1]
-    levels = [*dependencies(prs, target), target]
-    if am_in_progress(clone):
-        raise ForkError(f"a `git am` is in progress in {clone}; finish or abort it first")
-    dirty = dirty_paths(clone)
-    if dirty:
-        raise ForkError(f"{clone} has uncommitted changes ({', '.join(dirty[:10])}); commit or stash them first")
-    branch = args.branch or target.name
-    if rev_parse(clone, f"refs/heads/{branch}") is not None and not args.force:
-        raise ForkError(f"branch {branch} exists in {clone}; pass --branch NAME or --force to reset it")
-    user_env = dict(env)
-    for key in ("GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_GLOBAL"):  # the contributor's own git settings apply here
-        user_env.pop(key, None)
-    git(clone, "checkout", "-q", "-B", branch, env=user_env)
-    overlay = read_overlay(upstream)
-    for pr in levels:
-        add_overlay(clone, {rel: overlay[rel] for rel in pr.overlay if rel in overlay}, pr.commit_message(), user_env)
-        try:
-            apply_patches(upstream, clone, pr.patches, three_way=args.three_way, env=user_env, reset_author=True)
-        except PatchConflict as err:
-            raise ForkError(f"PR {pr.name}: " + conflict_help(project, upstream, err)) from None
-    print(f"Branch {branch} of {clone} now holds {', '.join(p.name for p in levels)}, authored by {name} <{email}>.")
-    print(f"Run the tests there, push the branch and open the PR with dist/{target.folder}/PR_DESCRIPTION.md.")
     return 0
 
 

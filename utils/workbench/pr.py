@@ -31,8 +31,11 @@ applies to every PR and issue opened from here: PRs that appear fully agent-writ
 review. Take the same care with the accelerate PR. So, for each one you open:
 
 1. Understand every changed line and every test, and be ready to defend them in review.
-2. Apply the series to a clone of upstream's current main (`git am <folder>/*.patch`; they were made against the
-   releases named below) and run its tests there yourself.
+2. Prove it on a clone of upstream's current main (the series were made on the releases named below): in the
+   workbench, `make open CLONE=<your clone> PR=<name>` makes the PR's branch from your clone's main (authored by
+   you, three-way), runs its tests with and without its fix there, upstream's `tests/trainer` on main and on the
+   branch, and, on a machine with CUDA, the GPU check (`bench/gpu_check.py`, whose summary replaces "it has not been
+   run on a GPU yet" in the description here). Open a PR only where it says "ready to push"; it never pushes.
 3. Rewrite the description or issue text in your own words; keep only what you checked. Tick the checklist items
    that are true for you, and answer the Code Agent Policy checkbox yourself: it is left unticked for you.
 4. Follow the plan below, one step at a time: a step waits for what it names (a comment or issue answered by a
@@ -85,7 +88,10 @@ def plan(project: Project, prs: list[PR]) -> list[str]:
     ]
     for pr in prs:
         waits = waits_for(project, prs, pr)
-        steps.append(f"Open `{pr.folder}` ({pr.upstream}). Waits for " + ("; ".join(waits) or "nothing") + ".")
+        steps.append(
+            f"Open `{pr.folder}` ({pr.upstream}) once `make open CLONE=../{pr.upstream} PR={pr.name}` says it is ready "
+            "to push. Waits for " + ("; ".join(waits) or "nothing") + "."
+        )
     waited = {Path(pr.issue_first).name for pr in prs if pr.issue_first} | {f"{s}.md" for s in COMMENTS}
     waited |= {o.issue_first for o in OUTSIDE_STACK.values() if o.issue_first}
     left_out, later = [], []
@@ -171,8 +177,9 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                     (staging / shipped).write_bytes(authored(source.read_bytes(), name, email))
                     test_patch = [
                         f"- edit to an existing upstream test file: `{shipped}` (upstream's tests/ tree is not in the "
-                        "sdist). In your clone of upstream main, on the same branch, after the series: "
-                        f"`git am {shipped}`, one more commit of this PR"
+                        "sdist). `make open` applies it to upstream's file in place of the PR's new test file where "
+                        "your clone has that file; by hand: In your clone of upstream main, on the same branch, after "
+                        f"the series: `git am {shipped}`, one more commit of this PR"
                     ]
                 summary += [
                     f"## {pr.folder}: {pr.title}",
@@ -182,7 +189,9 @@ def write_stack(project: Project, prs: list[PR], staging: Path, name: str, email
                         if pr.issue_first
                         else []
                     ),
-                    f"- upstream: {upstream.label}" + (f", on top of {', '.join(below)}" if below else " (pristine)"),
+                    f"- made on: {upstream.label}, the pinned release's sdist"
+                    + (f", on top of {', '.join(below)}" if below else " (pristine)")
+                    + f"; before opening: `make open CLONE=../{upstream.name} PR={pr.name}` on your clone of main",
                     f"- depends on: {', '.join(pr.depends_on) or 'nothing'}",
                     f"- new files: {', '.join(added) or 'none'}",
                     f"- changed files: {', '.join(modified) or 'none'}",

@@ -1,0 +1,52 @@
+"""pytest plugin: ``--outcome-log FILE`` writes, at the end of the session, one JSON object: each test's outcome by node
+id (passed, failed, error, skipped, xfailed, xpassed; an error in set-up or tear-down is ``error``, a failed call stays
+``failed``) and each file or folder that failed to collect, with the last line of its error. The tear-down error of the
+global-state guard (``utils/pytest_global_state.py``: the test left state changed) does not change the outcome: the
+guard's own log names that leak, so a leak is counted once, as a leak. Under pytest-xdist the controller writes it, from
+the workers' reports. ``make open`` (``utils/workbench/opener.py``) reads it."""
+
+import json
+import re
+
+
+_STATE = {"path": None, "tests": {}, "collect_errors": {}}
+GUARD_ERROR = "left process-global state changed"  # the guard's tear-down error
+
+
+def pytest_addoption(parser):
+    parser.addoption("--outcome-log", help="write each test's outcome and each collection error to this JSON file")
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # an xdist worker reports to the controller, which writes
+        _STATE["path"] = config.getoption("--outcome-log")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
+        _STATE["collect_errors"][report.nodeid] = re.sub(r"^E\s+", "", lines[-1].strip()) if lines else "failed"
+
+
+def pytest_runtest_logreport(report):
+    tests = _STATE["tests"]
+    xfail = hasattr(report, "wasxfail")
+    if report.failed and report.when == "teardown" and GUARD_ERROR in str(report.longrepr):
+        return
+    if report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    elif report.skipped:
+        outcome = "xfailed" if xfail else "skipped"
+    elif report.when == "call":
+        outcome = "xpassed" if xfail else "passed"
+    else:
+        return
+    if tests.get(report.nodeid) not in ("failed", "error"):
+        tests[report.nodeid] = outcome
+
+
+def pytest_sessionfinish(session):
+    if _STATE["path"]:
+        data = {"tests": _STATE["tests"], "collect_errors": _STATE["collect_errors"]}
+        with open(_STATE["path"], "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
