@@ -28,7 +28,12 @@ def test_the_readme_numbers_the_pr_of_the_upstream_test_edit_as_its_table_does()
     (position,) = [i for i, entry in enumerate(STACK, 1) if entry.get("upstream_test_patch")]
     table = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| `([a-z0-9-]+)` \|", README, re.MULTILINE)}
     assert table[position] == STACK[position - 1]["name"]
-    assert re.findall(r"`tests/trainer/test_trainer_jit_checkpoint\.py` for PR (\d)", README) == [str(position)]
+    # The file the edit targets, in the row of its PR, and no other file named as JITCheckpointTest's home
+    patch = (REPO_ROOT / STACK[position - 1]["upstream_test_patch"]).read_text(encoding="utf-8")
+    (target,) = set(re.findall(r"^\+\+\+ b/(\S+)", patch, re.MULTILINE))
+    row = re.search(rf"^\| {position} \| .*$", README, re.MULTILINE).group(0)
+    assert "`JITCheckpointTest`" in row and f"`{target}`" in row
+    assert "test_trainer_jit_checkpoint.py" not in README
 
 
 def test_the_repro_docstring_says_the_missing_scaler_line_is_info():
