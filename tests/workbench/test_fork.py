@@ -1300,7 +1300,7 @@ def test_upgrade_refuses_to_overwrite_uncommitted_pins_or_patches(project, tmp_p
 
 
 def test_changing_a_prs_commit_as_the_readme_says_rewrites_its_patch(project, capsys):
-    """A plain commit in the fork becomes a new patch of no PR (and the last patch gained a blank line); the README's
+    """A plain commit in the fork becomes a new patch of no PR; the README's
     commands fold the change into the PR's own commit."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     block = readme[readme.index("To change a PR's existing commit") :]
