@@ -63,11 +63,18 @@ carried): first `make fork` here (the carried archives come from build/, which i
     rev=$(git -C $a stash create); git -C $a archive ${rev:-HEAD} src | gzip >$c/accelerate.tar.gz
     git -C $a archive upstream-base src | gzip >$c/accelerate-stock.tar.gz  # else the preinstalled one, checked
     .venv/bin/python -m zipfile -c $c/parameterized.zip .venv/lib/python3.11/site-packages/parameterized
+    # transformers 5.25.0 needs huggingface-hub>=2.4.0; the device image had 1.33.0 (2026-12-04: `import transformers`
+    # failed there). The wheels of this venv's versions, for the device's Python 3.12:
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d $c huggingface_hub==2.4.0 \
+        httpx2==2.16.2 httpcore2==2.16.2 click==8.5.1 hf-xet==1.8.0 regex==2026.11.19 anyio==4.16.0 h11==0.16.0 \
+        idna truststore typing-extensions
 
 and run `python3 bench/gpu_check.py --unpack build/gpu_carry --out $OUT --require-cuda` with carry=["build/gpu_carry"]
-(about 11 MiB; bench/, the synthetic test files included, is tracked and travels with the working tree).
-`--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (pure-Python packages:
-parameterized, pytest and its dependencies if missing) into a temporary folder, which become the default sources.
+(about 17 MiB; bench/, the synthetic test files included, is tracked and travels with the working tree).
+`--unpack` extracts the three archives (each optional) and every *.whl / *.zip there (parameterized, the
+huggingface-hub wheels above, pytest and its dependencies if missing) into a temporary folder, which become the
+default sources.
 """
 
 import argparse
