@@ -8,8 +8,9 @@ starts (or ``--base REF``), never from whatever branch is checked out:
    by the contributor's git identity. Its tests go where upstream keeps them when the clone has that file (the PR's
    ``belongs_in``): its ``upstream_test_patch`` (``patches/transformers-tests/``) is applied to upstream's real test file
    instead of adding its new test file (refused by name if it does not apply); without that file it keeps its new file.
-   A conflict stops the run with the PR, the patch, the files and how to go on; no branch is left half made unless
-   ``--keep-conflict`` asks for it;
+   A PR that does not apply gets its row (the patch, the files, git's own reason and how to go on: where the clone
+   lacks the release's files, the `git fetch` that brings them) and the others go on; no branch is left half made
+   unless ``--keep-conflict`` asks for it;
 2. its tests with its fix (they must pass) and without it (its changes outside ``tests/`` undone: they must fail);
 3. upstream's suite (``tests/trainer``) under the global-state guard (``utils/pytest_global_state.py``) with
    ``pytest -n auto``: once on the base and once with every PR stacked; each test whose outcome or leaks differ runs
@@ -20,8 +21,9 @@ starts (or ``--base REF``), never from whatever branch is checked out:
 
 Then one table per PR, "ready to push" where everything holds. Everything runs in git worktrees in a temporary folder:
 the clone's working tree, its checked-out branch and its other branches stay as they were; the PR branches are created
-at the end. Nothing is pushed. Exit status: 0 when every PR is ready to push, 1 otherwise or on a conflict, 2 on bad
-input (nothing changed).
+at the end, all at once. Whatever stops a run (Ctrl-C included), no worktree, branch or temporary folder is left.
+Nothing is pushed. Exit status: 0 when every PR is ready to push, 1 otherwise or on a conflict, 2 on bad input (nothing
+changed), 130 on Ctrl-C.
 """
 
 import ast
@@ -327,7 +329,7 @@ def conflict_message(project: Project, target: Target, pr: PR, err: PatchConflic
         shallow = git_text(target.clone, "rev-parse", "--is-shallow-repository") == "true"
         why = "the clone is shallow" if shallow else f"the clone's history lacks {target.upstream.label}"
         return (
-            f"{head}The patches are made on {target.upstream.label}, and {why}: git has not the files to merge with. "
+            f"{head}The patches are made on {target.upstream.label}, and {why}: git lacks the files to merge with. "
             f"Fetch the release, then run make open again:\n  {fetch_command(target)}"
         )
     if kept is not None:
@@ -635,7 +637,7 @@ def cmd_open(project: Project, args) -> int:
     except KeyboardInterrupt:
         left = f"branches {', '.join(made)} were made" if made else "no branch was made"
         print(
-            f"fork.py open: interrupted: {left}, its worktrees and temporary folder are removed and the clone is "
+            f"fork.py open: interrupted: {left}; the run's worktrees and temporary folder are removed, the clone is "
             "otherwise as it was; run the same command again to go on.",
             file=sys.stderr,
         )
