@@ -331,6 +331,7 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "def test_leaks(leaks):\n    pass\n",
     )
     write(tmp_path / "test_y.py", "import nothing_here\n")
+    write(tmp_path / "test_z.py", "raise ImportError('fakehub>=2 is required.\\nTry: pip install -U')\n")
     log = tmp_path / "log.json"
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "utils")}
     cmd = [
@@ -352,7 +353,11 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "test_x.py::test_error": "error",
         "test_x.py::test_leaks": "passed",  # the guard's error: a leak, which its own log names
     }
-    assert list(data["collect_errors"]) == ["test_y.py"] and "nothing_here" in data["collect_errors"]["test_y.py"]
+    assert (
+        list(data["collect_errors"]) == ["test_y.py", "test_z.py"]
+        and "nothing_here" in data["collect_errors"]["test_y.py"]
+    )
+    assert data["collect_errors"]["test_z.py"] == "ImportError: fakehub>=2 is required."  # the error, not its advice
 
 
 def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup, monkeypatch, capsys):
