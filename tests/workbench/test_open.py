@@ -482,15 +482,16 @@ def stop_at(monkeypatch, target, name: str, call: int, error: BaseException) -> 
     monkeypatch.setattr(target, name, stopping)
 
 
-STAGES = {  # where a run stops: (what is called, which call of it)
+STAGES = {  # where a run stops: (what is called, which call of it); all PRs up to the stacking, one PR after it
     "the stock tree": ("build_stock", 1),
     "the third branch": ("make_branch", 3),
     "stacking the PRs": ("git", None),
     "upstream's suite on main": ("Runner.run", 1),
-    "a PR's own tests": ("Runner.run", 4),
-    "undoing a fix": ("remove_fix", 2),
+    "a PR's own tests": ("Runner.run", 3),
+    "undoing a fix": ("remove_fix", 1),
     "the GPU check": ("gpu_check", 1),
 }
+ALL_PRS = ("the stock tree", "the third branch", "stacking the PRs")
 
 
 @pytest.mark.parametrize(
@@ -522,7 +523,7 @@ def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folde
     else:
         stop_at(monkeypatch, opener, name, call, error)
     try:
-        status = open_(root, clone)
+        status = open_(root, clone, *([] if stage in ALL_PRS else ["--pr", "moves-tests"]))
     except KeyboardInterrupt:
         status = "KeyboardInterrupt escaped"
     capsys_out, err = capsys.readouterr()
