@@ -3,6 +3,8 @@ with src/transformers and a tests/trainer tree, and PRs whose patches are made a
 network, no GPU, upstream's suite run without pytest-xdist workers to stay fast)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -494,12 +496,18 @@ STAGES = {  # where a run stops: (what is called, which call of it); all PRs up 
 ALL_PRS = ("the stock tree", "the third branch", "stacking the PRs")
 
 
+def terminate(*args, **kwargs):
+    """What `kill` or `timeout` does: SIGTERM to the process (the test's own handler stands in if `open` has none)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 @pytest.mark.parametrize(
     "stage, interrupt",
-    [*((stage, False) for stage in STAGES), *((s, True) for s in ("the third branch", "upstream's suite on main"))],
+    [*((stage, False) for stage in STAGES), *((s, True) for s in ("the third branch", "upstream's suite on main"))]
+    + [("a PR's own tests", "SIGTERM")],
 )
 def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folder(
-    setup, tmp_path, monkeypatch, capsys, stage, interrupt
+    setup, tmp_path, monkeypatch, capsys, request, stage, interrupt
 ):
     from workbench import opener
 
@@ -509,7 +517,15 @@ def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folde
     monkeypatch.setattr("tempfile.tempdir", str(temp))
     error = KeyboardInterrupt() if interrupt else opener.ForkError(f"stopped at {stage}")
     name, call = STAGES[stage]
-    if name == "git":  # the first cherry-pick onto the stacked worktree
+    if interrupt == "SIGTERM":
+
+        def unhandled(*args):
+            raise Stop("open let SIGTERM through")
+
+        previous = signal.signal(signal.SIGTERM, unhandled)
+        request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+        monkeypatch.setattr(opener.Runner, "run", terminate)
+    elif name == "git":  # the first cherry-pick onto the stacked worktree
         real = opener.git
 
         def git(cwd, *args, **kwargs):
@@ -538,6 +554,8 @@ def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folde
         made = ["fix-scale", "leaky", "main", "no-bug"]
     assert sorted(branches(clone)) == made and sh(clone, "git", "worktree", "list").count("\n") == 1
     assert list(temp.iterdir()) == []
+    if interrupt == "SIGTERM":
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # put back as it was
 
 
 def test_the_branches_are_made_all_or_none(setup, capsys):

@@ -632,6 +632,7 @@ def cmd_open(project: Project, args) -> int:
     )
     scratch = Path(tempfile.mkdtemp(prefix="workbench-open-"))
     made: list[str] = []  # the branches made, once they are
+    terminate = signal.signal(signal.SIGTERM, interrupt)  # `kill` or `timeout` stops it as Ctrl-C does
     try:
         return open_prs(project, target, args, suite, scratch, made, started)
     except KeyboardInterrupt:
@@ -643,8 +644,14 @@ def cmd_open(project: Project, args) -> int:
         )
         return 130
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         with sigint_ignored():  # a second Ctrl-C does not stop the clean-up half way
             remove_scratch(target.clone, scratch)
+        signal.signal(signal.SIGTERM, terminate)
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
