@@ -23,7 +23,7 @@ Then one table per PR, "ready to push" where everything holds. Everything runs i
 the clone's working tree, its checked-out branch and its other branches stay as they were; the PR branches are created
 at the end, all at once. Whatever stops a run (Ctrl-C included), no worktree, branch or temporary folder is left.
 Nothing is pushed. Exit status: 0 when every PR is ready to push, 1 otherwise or on a conflict, 2 on bad input (nothing
-changed), 130 on Ctrl-C.
+changed), 130 on Ctrl-C or SIGTERM.
 """
 
 import ast
@@ -644,8 +644,7 @@ def cmd_open(project: Project, args) -> int:
         )
         return 130
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with sigint_ignored():  # a second Ctrl-C does not stop the clean-up half way
+        with ignored(signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not stop the clean-up half way
             remove_scratch(target.clone, scratch)
         signal.signal(signal.SIGTERM, terminate)
 
@@ -655,12 +654,13 @@ def interrupt(signum, frame):
 
 
 @contextlib.contextmanager
-def sigint_ignored():
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+def ignored(*signums):
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def remove_scratch(clone: Path, scratch: Path) -> None:
