@@ -22,10 +22,17 @@ def pytest_configure(config):
         _STATE["path"] = config.getoption("--outcome-log")
 
 
+def cause(lines) -> str:
+    """The error in pytest's lines: the last exception line (``ImportError: ...``), not the advice an exception's
+    message goes on with (transformers' "Try: `pip install transformers -U`"); else the last line."""
+    lines = [re.sub(r"^E\s+", "", line.strip()) for line in lines if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    return (errors or lines or [""])[-1]
+
+
 def pytest_collectreport(report):
     if report.failed:
-        lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
-        _STATE["collect_errors"][report.nodeid] = re.sub(r"^E\s+", "", lines[-1].strip()) if lines else "failed"
+        _STATE["collect_errors"][report.nodeid] = cause(str(report.longrepr).splitlines()) or "failed"
 
 
 def pytest_runtest_logreport(report):

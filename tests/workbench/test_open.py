@@ -3,6 +3,8 @@ with src/transformers and a tests/trainer tree, and PRs whose patches are made a
 network, no GPU, upstream's suite run without pytest-xdist workers to stay fast)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -331,6 +333,7 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "def test_leaks(leaks):\n    pass\n",
     )
     write(tmp_path / "test_y.py", "import nothing_here\n")
+    write(tmp_path / "test_z.py", "raise ImportError('fakehub>=2 is required.\\nTry: pip install -U')\n")
     log = tmp_path / "log.json"
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "utils")}
     cmd = [
@@ -352,7 +355,11 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
         "test_x.py::test_error": "error",
         "test_x.py::test_leaks": "passed",  # the guard's error: a leak, which its own log names
     }
-    assert list(data["collect_errors"]) == ["test_y.py"] and "nothing_here" in data["collect_errors"]["test_y.py"]
+    assert (
+        list(data["collect_errors"]) == ["test_y.py", "test_z.py"]
+        and "nothing_here" in data["collect_errors"]["test_y.py"]
+    )
+    assert data["collect_errors"]["test_z.py"] == "ImportError: fakehub>=2 is required."  # the error, not its advice
 
 
 def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup, monkeypatch, capsys):
@@ -372,3 +379,208 @@ def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup,
     assert text.read_text(encoding="utf-8") == (
         "On CPU in-process; on a GPU, `bench/gpu_check.py` passed: parity: passed, bit-exact.\n"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A clone that lacks the release's files, PRs that do not apply, failures at each stage, Ctrl-C, the statuses
+
+
+MOVED_ON = TRAINER.replace("# two", "# two (upstream moved on)")  # the fix's context differs; three-way merges it
+
+
+def clone_of(source: Path, path: Path, *options: str) -> Path:
+    sh(source.parent, "git", "clone", "-q", *options, f"file://{source}", str(path))
+    sh(path, "git", "config", "user.name", "Clone Dev")
+    sh(path, "git", "config", "user.email", "clone@example.invalid")
+    return path
+
+
+def fetch_command(err: str) -> list[str]:
+    """The command the message gives to fetch what is missing (one line, starting with `git -C`)."""
+    (line,) = [line.strip() for line in err.splitlines() if line.strip().startswith("git -C ")]
+    return line.split()
+
+
+@pytest.mark.parametrize("case", ["shallow", "older main"])
+def test_a_clone_without_the_release_files_is_told_how_to_fetch_them(setup, tmp_path, capsys, case):
+    root, upstream = setup
+    sh(upstream, "git", "tag", "v1.0")  # the release the patches are made on
+    if case == "shallow":  # upstream's main moved on; a contributor's `git clone --depth 1` of it
+        commit(upstream, "upstream moved on", {"src/transformers/trainer.py": MOVED_ON})
+        clone = clone_of(upstream, tmp_path / "shallow", "--depth", "1")
+        expected = "the clone is shallow"
+    else:  # a clone of a main older than the release (its files never fetched)
+        older = make_clone(tmp_path / "upstream-old", {**CLONE_FILES, "src/transformers/trainer.py": MOVED_ON})
+        sh(older, "git", "fetch", "-q", str(upstream), "tag", "v1.0")
+        clone = clone_of(older, tmp_path / "older", "--no-tags", "--single-branch")
+        expected = "the clone's history lacks fakepkg 1.0"
+    assert open_(root, clone, "--pr", "moves-tests") == 1
+    captured = capsys.readouterr()
+    assert "PR moves-tests: patches/transformers/moves-tests.patch does not apply on main" in captured.err
+    assert "conflict in src/transformers/trainer.py" in captured.err
+    assert "git: error: Repository lacks necessary blobs to fall back on 3-way merge." in captured.err
+    assert expected in captured.err and "applies        no: moves-tests.patch does not apply" in captured.out
+    assert branches(clone) == ["main"] and sh(clone, "git", "worktree", "list").count("\n") == 1
+    command = fetch_command(captured.err)
+    assert command[-2:] == ["tag", "v1.0"] and ("--depth" in command) == (case == "shallow")
+    sh(tmp_path, *command)  # what the message says to run
+    assert open_(root, clone, "--pr", "moves-tests") == 0
+    assert "ready to push             yes" in table_of(capsys.readouterr().out, "moves-tests")
+
+
+def test_every_pr_is_tried_and_one_that_does_not_apply_gets_its_row(setup, capsys):
+    root, clone = setup
+    commit(clone, "upstream moved", {"src/transformers/trainer.py": TRAINER.replace("SCALE = 1", "SCALE = 5")})
+    assert open_(root, clone) == 1
+    captured = capsys.readouterr()
+    assert "PR fix-scale: patches/transformers/fix-scale.patch does not apply on main" in captured.err
+    assert "git: CONFLICT (content): Merge conflict in src/transformers/trainer.py" in captured.err
+    row = table_of(captured.out, "fix-scale")
+    assert "applies        no: fix-scale.patch does not apply, even three-way (src/transformers/trainer.py)" in row
+    assert "ready to push  no (applies)" in row
+    assert "ready to push             yes" in table_of(captured.out, "moves-tests")  # the others went on
+    assert "1 of 4 PR(s) ready to push" in captured.out
+    assert sorted(branches(clone)) == ["leaky", "main", "moves-tests", "no-bug"]
+    assert sh(clone, "git", "worktree", "list").count("\n") == 1
+
+
+def test_the_import_error_is_shown_where_upstreams_tests_do_not_import(setup, capsys):
+    """As transformers' own version check words it: the ImportError, then its advice, which is not the cause."""
+    root, clone = setup
+    advice = "Try: `pip install transformers -U` or `pip install -e '.[dev]'` if you're working with git main"
+    init = f'raise ImportError("fakehub>=2 is required, but found fakehub==1.\\n{advice}")\n'
+    conftest = "import transformers  # noqa\n"
+    commit(clone, "needs fakehub 2", {"src/transformers/__init__.py": init, "tests/trainer/conftest.py": conftest})
+    assert open_(root, clone, "--pr", "moves-tests") == 2
+    err = capsys.readouterr().err
+    assert "does not run on main (" in err
+    assert "tests/trainer: ImportError: fakehub>=2 is required, but found fakehub==1." in err
+    assert "Try: `pip install" not in err and "--venv DIR" in err
+    assert branches(clone) == ["main"] and sh(clone, "git", "worktree", "list").count("\n") == 1
+
+
+def test_the_workbench_fork_is_refused_as_a_clone(setup, capsys):
+    root, _ = setup
+    fork = make_clone(root / "build/transformers", CLONE_FILES)
+    assert open_(root, fork) == 2
+    assert "is the workbench's fork of transformers" in capsys.readouterr().err
+    assert branches(fork) == ["main"] and sh(fork, "git", "worktree", "list").count("\n") == 1
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(monkeypatch, target, name: str, call: int, error: BaseException) -> None:
+    """Make the ``call``-th call of ``target.name`` raise ``error`` (the calls before it run as they would)."""
+    real, calls = getattr(target, name), []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, stopping)
+
+
+STAGES = {  # where a run stops: (what is called, which call of it); all PRs up to the stacking, one PR after it
+    "the stock tree": ("build_stock", 1),
+    "the third branch": ("make_branch", 3),
+    "stacking the PRs": ("git", None),
+    "upstream's suite on main": ("Runner.run", 1),
+    "a PR's own tests": ("Runner.run", 3),
+    "undoing a fix": ("remove_fix", 1),
+    "the GPU check": ("gpu_check", 1),
+}
+ALL_PRS = ("the stock tree", "the third branch", "stacking the PRs")
+
+
+def terminate(*args, **kwargs):
+    """What `kill` or `timeout` does: SIGTERM to the process (the test's own handler stands in if `open` has none)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize(
+    "stage, interrupt",
+    [*((stage, False) for stage in STAGES), *((s, True) for s in ("the third branch", "upstream's suite on main"))]
+    + [("a PR's own tests", "SIGTERM")],
+)
+def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folder(
+    setup, tmp_path, monkeypatch, capsys, request, stage, interrupt
+):
+    from workbench import opener
+
+    root, clone = setup
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(temp))
+    error = KeyboardInterrupt() if interrupt else opener.ForkError(f"stopped at {stage}")
+    name, call = STAGES[stage]
+    if interrupt == "SIGTERM":
+
+        def unhandled(*args):
+            raise Stop("open let SIGTERM through")
+
+        previous = signal.signal(signal.SIGTERM, unhandled)
+        request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+        monkeypatch.setattr(opener.Runner, "run", terminate)
+    elif name == "git":  # the first cherry-pick onto the stacked worktree
+        real = opener.git
+
+        def git(cwd, *args, **kwargs):
+            if args[:1] == ("cherry-pick",):
+                raise error
+            return real(cwd, *args, **kwargs)
+
+        monkeypatch.setattr(opener, "git", git)
+    elif name == "Runner.run":
+        stop_at(monkeypatch, opener.Runner, "run", call, error)
+    else:
+        stop_at(monkeypatch, opener, name, call, error)
+    try:
+        status = open_(root, clone, *([] if stage in ALL_PRS else ["--pr", "moves-tests"]))
+    except KeyboardInterrupt:
+        status = "KeyboardInterrupt escaped"
+    capsys_out, err = capsys.readouterr()
+    if interrupt:
+        assert status == 130 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("fork.py open: interrupted: no branch was made")
+    else:
+        assert status == 1 and f"stopped at {stage}" in err
+    made = ["main"]
+    if stage == "the third branch" and not interrupt:  # that PR's failure is its row, and the others go on
+        assert "applies        no: its branch could not be made: stopped at" in table_of(capsys_out, "moves-tests")
+        made = ["fix-scale", "leaky", "main", "no-bug"]
+    assert sorted(branches(clone)) == made and sh(clone, "git", "worktree", "list").count("\n") == 1
+    assert list(temp.iterdir()) == []
+    if interrupt == "SIGTERM":
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # put back as it was
+
+
+def test_the_branches_are_made_all_or_none(setup, capsys):
+    root, clone = setup
+    sh(clone, "git", "branch", "no-bug/mine")  # so that branch no-bug cannot be made, at the very end
+    assert open_(root, clone) == 1
+    assert "update-ref" in capsys.readouterr().err
+    assert sorted(branches(clone)) == ["main", "no-bug/mine"]
+    assert sh(clone, "git", "worktree", "list").count("\n") == 1
+
+
+def test_scripts_get_the_statuses_from_the_command_make_runs(setup, tmp_path):
+    """Through make every failure is make's status 2; the README gives the command make runs, which keeps 1 and 2."""
+    root, clone = setup
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if ".venv/bin/python utils/fork.py open --clone" in line)
+    command = line[line.index(".venv/bin/python") :].split("`")[0].split()
+    makefile = (repo / "Makefile").read_text(encoding="utf-8")
+    assert "VPY := $(VENV)/bin/python" in makefile and "VENV := .venv" in makefile
+    assert "FORK := utils/fork.py" in makefile and "\t$(VPY) $(FORK) open --clone " in makefile
+    assert command[:5] == [".venv/bin/python", "utils/fork.py", "open", "--clone", "../transformers"]
+    direct = [sys.executable, str(repo / "utils/fork.py"), "open", "--repo-root", str(root), "--clone", str(clone)]
+    direct += ["--venv", str(root.parent / "venv"), "--workers", "0", "--pr", "fix-scale"]
+    commit(clone, "upstream moved", {"src/transformers/trainer.py": TRAINER.replace("SCALE = 1", "SCALE = 5")})
+    assert subprocess.run(direct, cwd=tmp_path, capture_output=True).returncode == 1  # not ready: a conflict
+    write(clone / "notes.txt", "uncommitted\n")
+    assert subprocess.run(direct, cwd=tmp_path, capture_output=True).returncode == 2  # bad input

@@ -8,8 +8,9 @@ starts (or ``--base REF``), never from whatever branch is checked out:
    by the contributor's git identity. Its tests go where upstream keeps them when the clone has that file (the PR's
    ``belongs_in``): its ``upstream_test_patch`` (``patches/transformers-tests/``) is applied to upstream's real test file
    instead of adding its new test file (refused by name if it does not apply); without that file it keeps its new file.
-   A conflict stops the run with the PR, the patch, the files and how to go on; no branch is left half made unless
-   ``--keep-conflict`` asks for it;
+   A PR that does not apply gets its row (the patch, the files, git's own reason and how to go on: where the clone
+   lacks the release's files, the `git fetch` that brings them) and the others go on; no branch is left half made
+   unless ``--keep-conflict`` asks for it;
 2. its tests with its fix (they must pass) and without it (its changes outside ``tests/`` undone: they must fail);
 3. upstream's suite (``tests/trainer``) under the global-state guard (``utils/pytest_global_state.py``) with
    ``pytest -n auto``: once on the base and once with every PR stacked; each test whose outcome or leaks differ runs
@@ -20,17 +21,21 @@ starts (or ``--base REF``), never from whatever branch is checked out:
 
 Then one table per PR, "ready to push" where everything holds. Everything runs in git worktrees in a temporary folder:
 the clone's working tree, its checked-out branch and its other branches stay as they were; the PR branches are created
-at the end. Nothing is pushed. Exit status: 0 when every PR is ready to push, 1 otherwise or on a conflict, 2 on bad
-input (nothing changed).
+at the end, all at once. Whatever stops a run (Ctrl-C included), no worktree, branch or temporary folder is left.
+Nothing is pushed. Exit status: 0 when every PR is ready to push, 1 otherwise or on a conflict, 2 on bad input (nothing
+changed), 130 on Ctrl-C or SIGTERM.
 """
 
 import ast
+import contextlib
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -145,6 +150,12 @@ def check_target(project: Project, args, command: str, all_prs: bool) -> Target:
         raise BadInput(f"{clone} is this workbench, not a clone of upstream")
     if not clone.is_dir() or not (clone / ".git").exists():
         raise BadInput(f"{clone} is not a git clone (no .git)")
+    forks = [u for u in project.upstreams.values() if u.fork_dir.resolve() == clone]
+    if forks:
+        raise BadInput(
+            f"{clone} is the workbench's fork of {forks[0].name} (`make fork` builds it, the stack applied), not a "
+            f"clone of upstream: git clone https://github.com/huggingface/{forks[0].package} and name that"
+        )
     prs = load_stack(project)
     problems = stack_problems(project, prs)
     if problems:
@@ -284,55 +295,96 @@ def remove_worktree(clone: Path, worktree: Path) -> None:
     shutil.rmtree(worktree, ignore_errors=True)
 
 
+# What `git am -3` says where the clone lacks the blobs the patch was made on (a shallow clone, or an older main)
+MISSING_BLOBS = "lacks necessary blobs"
+
+
+def git_reason(output: str) -> list[str]:
+    """git's own reason in ``git am``'s output: its error and conflict lines, not its hints or how to go on."""
+    return [line.strip() for line in output.splitlines() if line.startswith(("error:", "fatal:", "CONFLICT"))][:6]
+
+
+def fetch_command(target: Target) -> str:
+    """The command that fetches the pinned release into the clone (its files are what the patches were made on)."""
+    urls = git_text(target.clone, "remote", "-v").splitlines()
+    upstream = next((u.split()[0] for u in urls if f"huggingface/{target.upstream.package}" in u), None)
+    remote = upstream or (
+        "origin"
+        if any(u.startswith("origin\t") for u in urls)
+        else f"https://github.com/huggingface/{target.upstream.package}"
+    )
+    shallow = git_text(target.clone, "rev-parse", "--is-shallow-repository") == "true"
+    return f"git -C {target.clone} fetch {'--depth 1 ' if shallow else ''}{remote} tag v{target.upstream.version}"
+
+
 def conflict_message(project: Project, target: Target, pr: PR, err: PatchConflict, kept: Path | None) -> str:
     patch = Path(err.patch)
     shown = project.rel(patch) if patch.is_absolute() else project.rel(target.upstream.patches_dir / err.patch)
-    files = ", ".join(err.files) or "see git's output above"
+    files = ", ".join(err.files) or "a file git does not name"
     head = (
         f"PR {pr.name}: {shown} does not apply on {target.base_label} of {target.clone}, even three-way: "
-        f"conflict in {files}."
+        f"conflict in {files}.\n" + "".join(f"  git: {line}\n" for line in git_reason(err.output))
     )
+    if MISSING_BLOBS in err.output:
+        shallow = git_text(target.clone, "rev-parse", "--is-shallow-repository") == "true"
+        why = "the clone is shallow" if shallow else f"the clone's history lacks {target.upstream.label}"
+        return (
+            f"{head}The patches are made on {target.upstream.label}, and {why}: git lacks the files to merge with. "
+            f"Fetch the release, then run make open again:\n  {fetch_command(target)}"
+        )
     if kept is not None:
         return (
-            f"{head}\nBranch {pr.name} is left in the middle of `git am` in the worktree {kept}. To go on:\n"
+            f"{head}Branch {pr.name} is left in the middle of `git am` in the worktree {kept}. To go on:\n"
             f"  cd {kept}\n  # resolve {files}, then: git add <files> && git am --continue\n"
             f"  # then run its tests there; to drop it: git am --abort; cd {target.clone}; "
             f"git worktree remove --force {kept}; git branch -D {pr.name}"
         )
     return (
-        f"{head}\nNothing was made (no branch; the clone is as it was). To go on, either resolve it on a branch: "
+        f"{head}No branch is made for it (the clone is as it was). To go on, either resolve it on a branch: "
         f"`make open CLONE={target.clone} PR={pr.name} OPEN_ARGS=--keep-conflict` leaves branch {pr.name} in the "
         "middle of `git am` in a worktree next to the clone; or, where upstream's main moved past the pinned "
         "release, move the stack (`make upgrade`) and rebase the PR in build/transformers (`make patches`)."
     )
 
 
-def build_branches(project: Project, target: Target, args, scratch: Path) -> list[Branch]:
-    """One worktree per target PR under ``scratch``; on a conflict the made ones are removed and ForkError raised."""
-    branches = []
+def build_branches(project: Project, target: Target, args, scratch: Path) -> tuple[list[Branch], dict[str, str]]:
+    """One worktree per target PR under ``scratch``, and why each PR that has none failed (printed as it happens):
+    a PR that does not apply is named with git's reason, and the others go on."""
+    branches, failed = [], {}
     for pr in target.targets:
         name = branch_name(args, pr, len(target.targets) == 1)
         try:
             branches.append(make_branch(project, target, pr, name, scratch / f"pr-{pr.name}", False))
-        except PatchConflict as err:
-            for made in [*branches, Branch(pr, name, scratch / f"pr-{pr.name}")]:
-                remove_worktree(target.clone, made.worktree)
+        except ForkError as err:
+            remove_worktree(target.clone, scratch / f"pr-{pr.name}")
+            if not isinstance(err, PatchConflict):
+                failed[pr.name] = f"its branch could not be made: {err}"
+                print(f"PR {pr.name}: {failed[pr.name]}", file=sys.stderr, flush=True)
+                continue
             kept = None
-            if getattr(args, "keep_conflict", False):
+            if getattr(args, "keep_conflict", False) and MISSING_BLOBS not in err.output:
                 kept = target.clone.parent / f"{target.clone.name}-{pr.name}"
                 if kept.exists():
-                    raise ForkError(f"{conflict_message(project, target, pr, err, None)}\n({kept} exists)") from None
-                try:
-                    make_branch(project, target, pr, name, kept, True)
-                except PatchConflict:
-                    pass
-            raise ForkError(conflict_message(project, target, pr, err, kept)) from None
+                    print(f"(--keep-conflict: {kept} exists, so nothing is kept)", file=sys.stderr)
+                    kept = None
+                else:
+                    try:
+                        make_branch(project, target, pr, name, kept, True)
+                    except PatchConflict:
+                        pass
+            print(conflict_message(project, target, pr, err, kept), file=sys.stderr, flush=True)
+            reason = git_reason(err.output)
+            cause = next((line for line in reason if MISSING_BLOBS in line or line.startswith("CONFLICT")), "")
+            failed[pr.name] = f"{Path(err.patch).name} does not apply, even three-way ({', '.join(err.files)}): " + (
+                cause or (reason[-1] if reason else "see above")
+            )
+            continue
         print(
             f"PR {pr.name}: applies on {target.base_label} ({len(commits(target.clone, target.base, branches[-1].head))}"
             f" commit(s)); its tests {branches[-1].test_home}",
             flush=True,
         )
-    return branches
+    return branches, failed
 
 
 def commits(repo: Path, start: str, end: str) -> list[str]:
@@ -340,8 +392,9 @@ def commits(repo: Path, start: str, end: str) -> list[str]:
 
 
 def set_branches(target: Target, branches: list[Branch]) -> None:
-    for branch in branches:
-        git(target.clone, "branch", "-f", branch.name, branch.head, env=target.env)
+    """The branches, all or none (one `git update-ref` transaction)."""
+    updates = "".join(f"update refs/heads/{branch.name} {branch.head}\n" for branch in branches)
+    git(target.clone, "update-ref", "-m", "make open", "--stdin", input=updates.encode(), env=target.env)
 
 
 def build_clone(project: Project, args) -> int:
@@ -438,10 +491,12 @@ class Runner:
         try:
             data = json.loads(outcomes.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # pytest stopped before its session (e.g. a conftest.py that does not import)
+            from pytest_outcome_log import cause  # utils/pytest_outcome_log.py
+
             lines = output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            problem = next((line.strip() for line in reversed(lines) if line.startswith("E ")), None)
+            problem = cause(line for line in lines if line.startswith("E "))
             problem = problem or (lines[-1] if lines else f"pytest exit status {proc.returncode}")
-            data = {"tests": {}, "collect_errors": {" ".join(tests): problem.lstrip("E ").strip()}}
+            data = {"tests": {}, "collect_errors": {" ".join(tests): problem}}
         leaks = {}
         import census  # utils/census.py: it reads the guard's log
 
@@ -569,7 +624,6 @@ def cmd_open(project: Project, args) -> int:
         raise BadInput(f"{target.clone} has no {', '.join(missing)} (upstream's tests to run): pass --suite PATH")
     if not (project.venv / "bin" / "python").exists():
         raise BadInput(f"no virtual environment at {project.rel(project.venv)}: run `make fork` first")
-    build_stock(project, stock_dir(project))
     started = time.monotonic()
     print(
         f"make open: {', '.join(p.name for p in target.targets)} on {target.base_label} of {target.clone}, "
@@ -577,138 +631,179 @@ def cmd_open(project: Project, args) -> int:
         flush=True,
     )
     scratch = Path(tempfile.mkdtemp(prefix="workbench-open-"))
-    worktrees: list[Path] = []
+    made: list[str] = []  # the branches made, once they are
+    terminate = signal.signal(signal.SIGTERM, interrupt)  # `kill` or `timeout` stops it as Ctrl-C does
     try:
-        branches = build_branches(project, target, args, scratch)
-        worktrees += [b.worktree for b in branches]
-        runner = Runner(project, target.upstream, scratch, args.pytest_args.split(), stock_dir(project))
-        base_tree = scratch / "base"
-        git(target.clone, "worktree", "add", "-q", "--detach", str(base_tree), target.base)
-        worktrees.append(base_tree)
-        if len(branches) > 1:
-            stacked = scratch / "stacked"
-            git(target.clone, "worktree", "add", "-q", "--detach", str(stacked), target.base)
-            worktrees.append(stacked)
-            for branch in branches:
-                proc = git(
-                    stacked,
-                    "cherry-pick",
-                    "--allow-empty",
-                    f"{branch.start}..{branch.head}",
-                    env=target.env,
-                    check=False,
-                )
-                if proc.returncode != 0:
-                    raise ForkError(
-                        f"the PRs do not apply one after the other: PR {branch.pr.name} conflicts with the "
-                        "PRs before it in the stack (run `make check`)"
-                    )
-        else:
-            stacked = branches[0].worktree
-        workers = args.workers if args.workers != "0" else None
-        label = "all PRs stacked" if len(branches) > 1 else f"branch {branches[0].name}"
+        return open_prs(project, target, args, suite, scratch, made, started)
+    except KeyboardInterrupt:
+        left = f"branches {', '.join(made)} were made" if made else "no branch was made"
         print(
-            f"\n== upstream's {' '.join(suite)} on {target.base_label} (pytest -n {args.workers}, global-state guard)",
+            f"fork.py open: interrupted: {left}; the run's worktrees and temporary folder are removed, the clone is "
+            "otherwise as it was; run the same command again to go on.",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        with ignored(signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not stop the clean-up half way
+            remove_scratch(target.clone, scratch)
+        signal.signal(signal.SIGTERM, terminate)
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ignored(*signums):
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def remove_scratch(clone: Path, scratch: Path) -> None:
+    """The run's temporary folder and the worktrees in it, whatever stopped the run (git forgets the worktrees)."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    git(clone, "worktree", "prune", check=False)
+
+
+def open_prs(project: Project, target: Target, args, suite: list[str], scratch: Path, made: list[str], started) -> int:
+    build_stock(project, stock_dir(project))
+    branches, refused = build_branches(project, target, args, scratch)
+    if not branches:
+        return tables(target, args, [], {}, refused, {}, "", None, made, started)
+    runner = Runner(project, target.upstream, scratch, args.pytest_args.split(), stock_dir(project))
+    base_tree = scratch / "base"
+    git(target.clone, "worktree", "add", "-q", "--detach", str(base_tree), target.base)
+    unstacked: dict[str, str] = {}  # a PR that applies on the base alone but not on the PRs before it
+    if len(branches) > 1:
+        stacked = scratch / "stacked"
+        git(target.clone, "worktree", "add", "-q", "--detach", str(stacked), target.base)
+        for branch in branches:
+            proc = git(
+                stacked, "cherry-pick", "--allow-empty", f"{branch.start}..{branch.head}", env=target.env, check=False
+            )
+            if proc.returncode != 0:
+                git(stacked, "cherry-pick", "--abort", check=False)
+                reason = git_reason((proc.stdout + proc.stderr).decode(errors="replace"))
+                unstacked[branch.pr.name] = (
+                    f"on {target.base_label} alone, but not on the PRs before it in the stack (run `make check`)"
+                    + (f": {reason[0]}" if reason else "")
+                )
+                print(f"PR {branch.pr.name}: applies {unstacked[branch.pr.name]}", file=sys.stderr, flush=True)
+    else:
+        stacked = branches[0].worktree
+    workers = args.workers if args.workers != "0" else None
+    label = "all PRs stacked" if len(branches) > 1 else f"branch {branches[0].name}"
+    if unstacked:
+        label = f"the PRs stacked but {', '.join(unstacked)}"
+    print(
+        f"\n== upstream's {' '.join(suite)} on {target.base_label} (pytest -n {args.workers}, global-state guard)",
+        flush=True,
+    )
+    base_run = runner.run(base_tree, "base-suite", suite, workers)
+    print(f"   {base_run.count()}; {clock(base_run)}", flush=True)
+    if not base_run.outcomes:
+        errors = "; ".join(f"{f}: {m}" for f, m in base_run.collect_errors.items()) or "no test collected"
+        raise BadInput(
+            f"upstream's {' '.join(suite)} does not run on {target.base_label}: {errors}\n(a venv with the "
+            'clone\'s own test dependencies runs it: README, "Opening the real PRs"; then OPEN_ARGS="--venv DIR")'
+        )
+    print(f"== the same on {label}", flush=True)
+    stacked_run = runner.run(stacked, "stacked-suite", suite, workers)
+    print(f"   {stacked_run.count()}; {clock(stacked_run)}", flush=True)
+    d = diff(base_run, stacked_run)
+    # Existing tests that differ, and files that stopped or started collecting: run again alone on the base and
+    # on each branch, which names the PR (compared with the same rerun on the base, so that order or flakiness
+    # under -n does not count against a PR)
+    again = sorted(
+        set(d.changed)
+        | {t for t, _ in [*d.leaks_added, *d.leaks_removed] if t in base_run.outcomes and t in stacked_run.outcomes}
+        | {f for f in [*d.errors_added, *d.errors_removed] if (base_tree / f).exists()}
+    )
+    base_again = (
+        runner.run(base_tree, "base-again", again)
+        if again and len(branches) > 1
+        else Run("base-again", {}, {}, {}, 0, 0, 0)
+    )
+    verdicts: dict[str, Verdict] = {}
+    for branch in branches:
+        v = verdicts[branch.pr.name] = Verdict()
+        print(
+            f"\n== PR {branch.pr.name}: its tests with its fix ({' '.join(branch.tests)})"
+            + (
+                f", and {len(again)} upstream test(s) whose outcome or leaks differ, again"
+                if again and len(branches) > 1
+                else ""
+            ),
             flush=True,
         )
-        base_run = runner.run(base_tree, "base-suite", suite, workers)
-        print(f"   {base_run.count()}; {clock(base_run)}", flush=True)
-        if not base_run.outcomes:
-            errors = "; ".join(f"{f}: {m}" for f, m in base_run.collect_errors.items()) or "no test collected"
-            raise BadInput(f"upstream's {' '.join(suite)} does not run on {target.base_label}: {errors}")
-        print(f"== the same on {label}", flush=True)
-        stacked_run = runner.run(stacked, "stacked-suite", suite, workers)
-        print(f"   {stacked_run.count()}; {clock(stacked_run)}", flush=True)
-        d = diff(base_run, stacked_run)
-        # Existing tests that differ, and files that stopped or started collecting: run again alone on the base and
-        # on each branch, which names the PR (compared with the same rerun on the base, so that order or flakiness
-        # under -n does not count against a PR)
-        again = sorted(
-            set(d.changed)
-            | {
-                t
-                for t, _ in [*d.leaks_added, *d.leaks_removed]
-                if t in base_run.outcomes and t in stacked_run.outcomes
-            }
-            | {f for f in [*d.errors_added, *d.errors_removed] if (base_tree / f).exists()}
+        own = runner.run(
+            branch.worktree,
+            f"{branch.pr.name}-with-fix",
+            branch.tests + ([t for t in again if t not in branch.tests] if len(branches) > 1 else []),
         )
-        base_again = (
-            runner.run(base_tree, "base-again", again)
-            if again and len(branches) > 1
-            else Run("base-again", {}, {}, {}, 0, 0, 0)
+        mine = pr_tests_outcome(own, branch.tests)
+        bad = {t: o for t, o in mine.items() if o in BAD_OUTCOMES}
+        bad.update({t: f"left {what} changed" for t, what in own.leaks if t in mine})
+        v.with_fix_ok = bool(mine) and not bad and not any(test_file(t) in own.collect_errors for t in branch.tests)
+        v.with_fix = ("pass" if v.with_fix_ok else "FAIL") + f" ({describe_outcomes(mine)})"
+        if bad:
+            v.with_fix += ": " + ", ".join(f"{t}: {o}" for t, o in sorted(bad.items()))
+        attribute(
+            branch,
+            d,
+            base_again if len(branches) > 1 else base_run,
+            own if len(branches) > 1 else stacked_run,
+            v,
+            len(branches) > 1,
         )
-        verdicts: dict[str, Verdict] = {}
-        for branch in branches:
-            v = verdicts[branch.pr.name] = Verdict()
-            print(
-                f"\n== PR {branch.pr.name}: its tests with its fix ({' '.join(branch.tests)})"
-                + (
-                    f", and {len(again)} upstream test(s) whose outcome or leaks differ, again"
-                    if again and len(branches) > 1
-                    else ""
-                ),
-                flush=True,
+        print(f"   {v.with_fix}; {clock(own)}", flush=True)
+        problem = remove_fix(branch.worktree, branch.pr, branch.start)
+        if problem:
+            v.without_fix = problem
+        else:
+            without = runner.run(branch.worktree, f"{branch.pr.name}-without-fix", branch.tests, first_failure=True)
+            mine = pr_tests_outcome(without, branch.tests)
+            failed = sorted(f"{t.rpartition('::')[2]}: {o}" for t, o in mine.items() if o in BAD_OUTCOMES)
+            failed += sorted(f"{t.rpartition('::')[2]}: left {w} changed" for t, w in without.leaks if t in mine)
+            errors = sorted(without.collect_errors)
+            v.without_fix_ok = bool(failed or errors)
+            v.without_fix = (
+                f"fail, as they must ({', '.join(failed + errors)})"
+                if v.without_fix_ok
+                else f"PASS: they do not show the bug ({describe_outcomes(mine)})"
             )
-            own = runner.run(
-                branch.worktree,
-                f"{branch.pr.name}-with-fix",
-                branch.tests + ([t for t in again if t not in branch.tests] if len(branches) > 1 else []),
-            )
-            mine = pr_tests_outcome(own, branch.tests)
-            bad = {t: o for t, o in mine.items() if o in BAD_OUTCOMES}
-            bad.update({t: f"left {what} changed" for t, what in own.leaks if t in mine})
-            v.with_fix_ok = (
-                bool(mine) and not bad and not any(test_file(t) in own.collect_errors for t in branch.tests)
-            )
-            v.with_fix = ("pass" if v.with_fix_ok else "FAIL") + f" ({describe_outcomes(mine)})"
-            if bad:
-                v.with_fix += ": " + ", ".join(f"{t}: {o}" for t, o in sorted(bad.items()))
-            attribute(
-                branch,
-                d,
-                base_again if len(branches) > 1 else base_run,
-                own if len(branches) > 1 else stacked_run,
-                v,
-                len(branches) > 1,
-            )
-            print(f"   {v.with_fix}; {clock(own)}", flush=True)
-            problem = remove_fix(branch.worktree, branch.pr, branch.start)
-            if problem:
-                v.without_fix = problem
-            else:
-                without = runner.run(
-                    branch.worktree, f"{branch.pr.name}-without-fix", branch.tests, first_failure=True
-                )
-                mine = pr_tests_outcome(without, branch.tests)
-                failed = sorted(f"{t.rpartition('::')[2]}: {o}" for t, o in mine.items() if o in BAD_OUTCOMES)
-                failed += sorted(f"{t.rpartition('::')[2]}: left {w} changed" for t, w in without.leaks if t in mine)
-                errors = sorted(without.collect_errors)
-                v.without_fix_ok = bool(failed or errors)
-                v.without_fix = (
-                    f"fail, as they must ({', '.join(failed + errors)})"
-                    if v.without_fix_ok
-                    else f"PASS: they do not show the bug ({describe_outcomes(mine)})"
-                )
-                print(f"   without its fix (its changes outside tests/ undone): {v.without_fix}", flush=True)
-        unexplained = [t for t in d.changed if not any(t in c for v in verdicts.values() for c in v.changes)]
-        gpu, gpu_ok = gpu_check(project, stacked, target.targets)
-        set_branches(target, branches)
-        print(summary(target, suite, base_run, stacked_run, d, unexplained, label))
-        ready = 0
-        for branch in branches:
-            ok = table(target, branch, verdicts[branch.pr.name], gpu, gpu_ok)
-            ready += ok
-        minutes = (time.monotonic() - started) / 60
-        print(
-            f"\n{ready} of {len(branches)} PR(s) ready to push ({minutes:.1f} min). Nothing was pushed; the clone's "
-            "checkout and other branches are as they were."
-        )
-        return 0 if ready == len(branches) else 1
-    finally:
-        for worktree in worktrees:
-            remove_worktree(target.clone, worktree)
-        git(target.clone, "worktree", "prune", check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
+            print(f"   without its fix (its changes outside tests/ undone): {v.without_fix}", flush=True)
+    unexplained = [t for t in d.changed if not any(t in c for v in verdicts.values() for c in v.changes)]
+    gpu, gpu_ok = gpu_check(project, stacked, target.targets)
+    print(summary(target, suite, base_run, stacked_run, d, unexplained, label))
+    return tables(target, args, branches, verdicts, refused, unstacked, gpu, gpu_ok, made, started)
+
+
+def tables(
+    target: Target, args, branches, verdicts, refused, unstacked, gpu: str, gpu_ok, made: list[str], started
+) -> int:
+    """The branches made (all at once), one table per PR, in the stack's order; exit status 0 if all are ready."""
+    set_branches(target, branches)
+    made += [branch.name for branch in branches]
+    ready = 0
+    for pr in target.targets:
+        branch = next((b for b in branches if b.pr is pr), None)
+        if branch is None:
+            name = branch_name(args, pr, len(target.targets) == 1)
+            print(f"\nPR {pr.name}: branch {name} not made in {target.clone}\n  applies        no: {refused[pr.name]}")
+            print("  ready to push  no (applies)", flush=True)
+        else:
+            ready += table(target, branch, verdicts[pr.name], gpu, gpu_ok, unstacked.get(pr.name))
+    minutes = (time.monotonic() - started) / 60
+    print(
+        f"\n{ready} of {len(target.targets)} PR(s) ready to push ({minutes:.1f} min). Nothing was pushed; the "
+        "clone's checkout and other branches are as they were."
+    )
+    return 0 if ready == len(target.targets) else 1
 
 
 def attribute(branch: Branch, d: Diff, base: Run, own: Run, v: Verdict, rerun: bool) -> None:
@@ -784,14 +879,14 @@ def shortened(items: list[str], most: int = 3) -> str:
     return shown + (f"; and {len(items) - most} more (listed above)" if len(items) > most else "")
 
 
-def table(target: Target, branch: Branch, v: Verdict, gpu: str, gpu_ok: bool | None) -> bool:
+def table(target: Target, branch: Branch, v: Verdict, gpu: str, gpu_ok: bool | None, unstacked: str | None) -> bool:
     applies = f"yes, on {target.base_label} (three-way); its tests {branch.test_home}"
     changes = shortened(v.changes) or "none"
     leaks = shortened(v.leaks) or "none added"
     if v.new_tests:
         changes += f" ({v.new_tests})" if v.changes else f"; {v.new_tests}"
     checks = {
-        "applies": (applies, True),
+        "applies": (f"only {unstacked}" if unstacked else applies, not unstacked),
         "tests with its fix": (v.with_fix, v.with_fix_ok),
         "tests without its fix": (v.without_fix, v.without_fix_ok),
         "upstream outcome changes": (changes, not v.changes_bad),

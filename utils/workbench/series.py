@@ -32,6 +32,7 @@ AM_FILE_PATTERNS = [
         r"^error: (.+?): (?:patch does not apply|does not exist in index|already exists in index|already exists in working directory|does not match index)$"
     ),
     re.compile(r"^CONFLICT \([^)]*\): Merge conflict in (.+)$"),
+    re.compile(r"^error: invalid object \d+ [0-9a-f]+ for '(.+)'$"),  # -3 without the blob the patch was made on
 ]
 
 
