@@ -1089,7 +1089,9 @@ def test_trap_d_an_editable_install_of_another_version_is_refreshed(project, tmp
     assert installs == [("-e", str(fork_dir(project)))]
 
 
-def test_check_names_each_requirement_of_the_releases_the_venv_lacks_and_asks_the_index(project, tmp_path, monkeypatch):
+def test_check_names_each_requirement_of_the_releases_the_venv_lacks_and_asks_the_index(
+    project, tmp_path, monkeypatch
+):
     from workbench import forks
 
     assert run(project, "build") == 0

@@ -175,7 +175,9 @@ def requirement_problems(project: Project) -> list[str]:
         text=True,
     )
     if proc.returncode != 0:
-        return [f"could not check the requirements of the pinned releases in {project.rel(project.venv)}: {proc.stderr}"]
+        return [
+            f"could not check the requirements of the pinned releases in {project.rel(project.venv)}: {proc.stderr}"
+        ]
     unmet = json.loads(proc.stdout)
     return [
         f"{u.label} requires {r}, which {project.rel(project.venv)} does not have: "
