@@ -1089,25 +1089,56 @@ def test_trap_d_an_editable_install_of_another_version_is_refreshed(project, tmp
     assert installs == [("-e", str(fork_dir(project)))]
 
 
-def test_a_requirement_the_index_lacks_is_left_out_by_name(project, tmp_path, monkeypatch, capsys):
+def test_check_names_each_requirement_of_the_releases_the_venv_lacks_and_asks_the_index(
+    project, tmp_path, monkeypatch
+):
     from workbench import forks
 
     assert run(project, "build") == 0
-    pkg_info = "Name: fakepkg\nVersion: 1.0\nRequires-Dist: numpy>=1.17\nRequires-Dist: Kernels_X<0.20,>=0.19.1\n"
-    write(fork_dir(project) / "PKG-INFO", pkg_info + 'Requires-Dist: pytest; extra == "testing"\n')
-    installs = []
-    monkeypatch.setattr(forks, "pip_install", lambda project, *args: installs.append(args[2:]))
-    monkeypatch.setattr(forks, "installed_from_fork", lambda project, upstream: False)
-    fake = load_project(project, venv=fake_venv(tmp_path))
-    forks.install_forks(fake, [fake.upstreams["transformers"]])
-    assert installs == [("-e", str(fork_dir(project)))]  # nothing unavailable: pip checks every requirement
-    fake.config["unavailable"] = {"kernels-x": "not on this index"}
-    installs.clear()
-    forks.install_forks(fake, [fake.upstreams["transformers"]])
-    assert installs == [("numpy>=1.17",), ("--no-deps", "-e", str(fork_dir(project)))]
-    assert "Not installing Kernels_X<0.20,>=0.19.1 (`unavailable` in patches/config.json: not on this index)" in (
-        capsys.readouterr().out
+    pkg_info = (
+        "Name: fakepkg\nVersion: 1.0\nRequires-Dist: pytest>=1\nRequires-Dist: Kernels_X<0.20,>=0.19.1\n"
+        "Requires-Dist: absent-y<2\nRequires-Dist: absent-z; python_version < '3'\n"
+        'Requires-Dist: absent-extra; extra == "testing"\n'
     )
+    write(fork_dir(project) / "PKG-INFO", pkg_info)
+    asked = []
+    # The index has kernels-x, not absent-y (the query itself: test_index_has_asks_pip_download)
+    monkeypatch.setattr(forks, "index_has", lambda project, r: asked.append(r) or r.startswith("Kernels_X"))
+    fake = load_project(project, venv=fake_venv(tmp_path))
+    venv = fake.rel(fake.venv)
+    assert forks.requirement_problems(fake) == [
+        f"fakepkg 1.0 requires Kernels_X<0.20,>=0.19.1, which {venv} does not have: the package index has it "
+        "(`make fork` installs it)",
+        f"fakepkg 1.0 requires absent-y<2, which {venv} does not have: the package index has no release that "
+        "satisfies it (pip download --no-deps found none)",
+    ]  # pytest is installed; a marker that is false and an extra are not required
+    assert asked == ["Kernels_X<0.20,>=0.19.1", "absent-y<2"]  # the index is asked only about what is missing
+    write(fork_dir(project) / "PKG-INFO", "Name: fakepkg\nVersion: 1.0\nRequires-Dist: pytest>=1\n")
+    asked.clear()
+    assert forks.requirement_problems(fake) == [] and asked == []
+
+
+def test_index_has_asks_pip_download(project, tmp_path, monkeypatch):
+    from workbench import forks
+
+    index = tmp_path / "index"
+    index_sdist(index, "fakekernels", "0.19.1", {"fakekernels.py": ""})
+    use_index(monkeypatch, index)
+    fake = load_project(project, venv=fake_venv(tmp_path))
+    assert forks.index_has(fake, "fakekernels<0.20,>=0.19.1")
+    assert not forks.index_has(fake, "fakekernels>=0.20")
+    assert not forks.index_has(fake, "absent-y")
+
+
+def test_check_fails_on_a_requirement_the_venv_lacks(project, tmp_path, monkeypatch, capsys):
+    from workbench import cli
+
+    monkeypatch.setattr(cli, "requirement_problems", lambda project: ["fakepkg 1.0 requires kernels-x, which ..."])
+    monkeypatch.setattr(cli, "check_upstream", lambda *args: [])  # the levels and their tests: other tests
+    monkeypatch.setattr(cli, "verify_texts", lambda *args: ([], None))
+    assert run(project, "check", "--venv", str(fake_venv(tmp_path)), "--tests") == 1
+    assert "FAIL: fakepkg 1.0 requires kernels-x, which ..." in capsys.readouterr().err
+    assert run(project, "check") == 0  # without --tests no venv is needed, and none is asked
 
 
 def new_release(index: Path, trainer: str = TRAINER, optimizer: str = OPTIMIZER) -> dict[str, str]:

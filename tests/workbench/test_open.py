@@ -363,7 +363,7 @@ def test_outcome_log_plugin_records_each_outcome(tmp_path):
 
 
 def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup, monkeypatch, capsys):
-    from workbench import opener
+    from workbench import opener, texts
 
     root, clone = setup
     monkeypatch.setattr(opener, "has_cuda", lambda python: True)
@@ -373,11 +373,13 @@ def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup,
         "(out / 'gpu_check.txt').write_text('parity: passed, bit-exact\\n')\n",
     )
     text = root / "dist/03-moves-tests/PR_DESCRIPTION.md"
-    write(text, f"On CPU in-process; {opener.GPU_PLACEHOLDER}.\n")
+    # The line that `make check` wants in each description whose change has a CUDA-only path (texts.py)
+    assert opener.GPU_PLACEHOLDER == texts.NOT_RUN_ON_GPU
+    write(text, f"On CPU in-process.\n{opener.GPU_PLACEHOLDER}\n")
     assert open_(root, clone, "--pr", "moves-tests") == 0
     assert "GPU                       passed" in table_of(capsys.readouterr().out, "moves-tests")
     assert text.read_text(encoding="utf-8") == (
-        "On CPU in-process; on a GPU, `bench/gpu_check.py` passed: parity: passed, bit-exact.\n"
+        "On CPU in-process.\nOn a GPU, `bench/gpu_check.py` passed: parity: passed, bit-exact\n"
     )
 
 

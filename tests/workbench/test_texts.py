@@ -154,10 +154,10 @@ def test_each_claim_has_its_evidence_beside_the_text(project):
     write(project / "docs/pr/trainer-bad.claims.json", "{not json")
     write_text(project / "docs/pr/trainer-empty.md", text, [])
     bad = [
-        {"claim": "Fixes a bug", "evidence": "ran: x -> y"},
+        {"claim": "Fixes a bug", "evidence": "ran: x on {{transformers}} -> y"},
         {"claim": "Fixes a crash", "evidence": "it is so"},
         {"claim": "Fixes a crash", "evidence": "read:  "},
-        {"evidence": "ran: x -> y"},
+        {"evidence": "ran: x on {{transformers}} -> y"},
     ]
     write_text(project / "docs/pr/trainer-wrong.md", text, bad)
     write(project / "docs/issues/transformers-gone.claims.json", json.dumps({"claims": [good]}))
@@ -173,6 +173,50 @@ def test_each_claim_has_its_evidence_beside_the_text(project):
         "docs/pr/trainer-wrong.claims.json, claim 4: no claim",
         "docs/issues/transformers-gone.claims.json: its text transformers-gone.md does not exist",
     ]
+
+
+def test_a_ran_evidence_names_the_release_it_ran_on_and_no_evidence_a_path_of_the_machine(project):
+    text = GOOD.replace("say workbench freely? no: the words", "the words")
+    claim = "Fixes a crash"
+    evidence = [
+        "ran: python repro.py on {{transformers}} -> the crash",
+        "ran: python repro.py on {{5.24.0}}, torch {{torch}} -> the crash",  # a release named on purpose
+        "ran: python repro.py -> the crash",
+        "ran: python repro.py on torch {{torch}} -> the crash",  # a tool, not the release it ran on
+        "ran: python /tmp/x/repro.py on {{transformers}} -> the crash",
+        "read: huggingface/transformers@v{{transformers}} src/x.py:1, copied to ~/notes: it says",
+        "ran: /usr/bin/time python repro.py on {{transformers}}, <scratch tree>/tests -> https://x.org/tmp/y",
+    ]
+    write_text(project / "docs/pr/trainer-x.md", text, [{"claim": claim, "evidence": e} for e in evidence])
+    where = "docs/pr/trainer-x.claims.json"
+    release = "a 'ran:' names the release it ran on ({{transformers}}, {{accelerate}}, or {{X.Y.Z}} for a release on purpose)"
+    path = "evidence holds a path of this machine ({!r}): name it relative to the repository or as <what it is>"
+    assert problems(project) == [
+        f"{where}, claim 3: {release}",
+        f"{where}, claim 4: {release}",
+        f"{where}, claim 5: " + path.format("/tmp/x/repro.py on {{transformers}} -> t"),
+        f"{where}, claim 6: " + path.format("~/notes: it says"),
+    ]
+
+
+def test_a_description_whose_change_has_a_cuda_only_path_says_it_was_not_run_on_a_gpu(project):
+    pr = {"name": "trainer-x", "upstream": "transformers", "description": "docs/pr/trainer-x.md"}
+    write(project / "patches/stack.json", json.dumps([{**pr, "cuda_only": "a host read on CUDA"}]))
+    text = GOOD.replace("say workbench freely? no: the words", "the words")
+    write_text(project / "docs/pr/trainer-x.md", text)
+    assert problems(project) == [
+        "docs/pr/trainer-x.md: its change has a CUDA-only path (a host read on CUDA): say so on a line of its own, "
+        f"{texts.NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result)"
+    ]
+    said = text.replace("(#34053).\n", f"(#34053).\n{texts.NOT_RUN_ON_GPU}\n")
+    write_text(project / "docs/pr/trainer-x.md", said)
+    assert problems(project) == []
+    assert texts.word_count(said) == texts.word_count(text)  # the line is not prose: the limit does not count it
+    write_text(project / "docs/pr/trainer-x.md", said.replace(f"\n{texts.NOT_RUN_ON_GPU}", f" {texts.NOT_RUN_ON_GPU}"))
+    assert len(problems(project)) == 1  # within a paragraph it is not the line that the GPU check replaces
+    write(project / "patches/stack.json", json.dumps([pr]))
+    write_text(project / "docs/pr/trainer-x.md", text)
+    assert problems(project) == []  # no CUDA-only path: no line
 
 
 def test_a_comment_draft_is_held_to_the_comment_limit(project, monkeypatch):
@@ -243,7 +287,7 @@ def test_placeholders_render_to_the_pins_in_checks_and_in_what_leaves_the_reposi
 
 def test_a_release_written_out_is_a_problem(project):
     text = "# Title\n\nOn 5.99.0, and on 1.15.0. Since 4.49, and on {{5.24.0}}, in `{{transfomers}}`.\n"
-    write_text(project / "docs/issues/transformers-x.md", text, [{"claim": "On 5.99.0", "evidence": "ran: x -> y"}])
+    write_text(project / "docs/issues/transformers-x.md", text, [{"claim": "On 5.99.0", "evidence": "read: x -> y"}])
     assert problems(project) == [
         "docs/issues/transformers-x.md: {{transfomers}} names no pin (known: transformers, torch; or {{X.Y.Z}} for a "
         "release on purpose)",

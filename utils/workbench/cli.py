@@ -8,7 +8,15 @@ import tempfile
 from pathlib import Path
 
 from . import __doc__ as PACKAGE_DOC
-from .forks import OVERLAY_MESSAGE, TOOL_VERSION, cmd_build, cmd_export, pip_install, venv_python
+from .forks import (
+    OVERLAY_MESSAGE,
+    TOOL_VERSION,
+    cmd_build,
+    cmd_export,
+    pip_install,
+    requirement_problems,
+    venv_python,
+)
 from .gitutil import ForkError, PatchConflict, contributor_identity, parse_author
 from .opener import cmd_open
 from .overlay import add_overlay, read_overlay
@@ -75,6 +83,8 @@ def check_upstream(project: Project, upstream: Upstream, prs, tmp: Path, args, s
 def cmd_check(project: Project, args) -> int:
     problems = []
     problems += text_problems(project)  # the PR descriptions and issue drafts (texts.py)
+    if args.tests:  # the tests run in the venv: it holds what the pinned releases require
+        problems += requirement_problems(project)
     for upstream in project.upstreams.values():
         problems += lint_series(project, upstream)
     try:

@@ -124,24 +124,71 @@ def install_forks(project: Project, upstreams: list[Upstream]) -> None:
     if not todo:
         return
     packages = {u.package for u in project.upstreams.values()}
-    unavailable = project.config.get("unavailable", {})
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as constraints:
         pins = {name: version for name, version in project.pins.items() if name not in packages}
         constraints.write("".join(f"{name}=={version}\n" for name, version in pins.items()))
         constraints.flush()
-        editable = [arg for u in todo for arg in ("-e", str(u.fork_dir))]
-        requirements = [r for u in todo for r in requirements_of(u.fork_dir)]
-        left_out = [r for r in requirements if requirement_name(r) in unavailable]
-        if not left_out:
-            pip_install(project, "-c", constraints.name, *editable)
-            return
-        # A requirement the package index does not have: the rest first, then the forks without their requirements
-        for requirement in left_out:
-            reason = unavailable[requirement_name(requirement)]
-            print(f"Not installing {requirement} (`unavailable` in {project.rel(project.config_path)}: {reason})")
-        others = [r for r in requirements if r not in left_out and requirement_name(r) not in packages]
-        pip_install(project, "-c", constraints.name, *others)
-        pip_install(project, "-c", constraints.name, "--no-deps", *editable)
+        pip_install(project, "-c", constraints.name, *[arg for u in todo for arg in ("-e", str(u.fork_dir))])
+
+
+# A venv's python prints which of the requirements (JSON, argv[1]) it does not satisfy.
+UNMET_CODE = """import importlib.metadata as m, json, sys
+from packaging.requirements import Requirement
+unmet = []
+for text in json.loads(sys.argv[1]):
+    r = Requirement(text)
+    if r.marker is not None and not r.marker.evaluate():
+        continue
+    try:
+        ok = r.specifier.contains(m.version(r.name), prereleases=True)
+    except m.PackageNotFoundError:
+        ok = False
+    if not ok:
+        unmet.append(text)
+print(json.dumps(unmet))
+"""
+
+
+def index_has(project: Project, requirement: str) -> bool:
+    """Whether the package index has a release that satisfies ``requirement`` (``pip download --no-deps``)."""
+    with tempfile.TemporaryDirectory(prefix="index-") as dest:
+        cmd = [str(venv_python(project)), "-m", "pip", "download", "--quiet", "--no-deps", "--dest", dest, requirement]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def requirement_problems(project: Project) -> list[str]:
+    """The requirements of the pinned releases (their ``PKG-INFO``) that the venv does not satisfy, each with what the
+    package index says: has it (``make fork`` installs it) or lacks it (the release cannot be installed here)."""
+    packages = {u.package for u in project.upstreams.values()}
+    requirements = [
+        (u, r)
+        for u in project.upstreams.values()
+        if (u.fork_dir / "PKG-INFO").is_file()
+        for r in requirements_of(u.fork_dir)
+        if requirement_name(r) not in packages
+    ]
+    if not requirements:
+        return []
+    proc = subprocess.run(
+        [str(venv_python(project)), "-c", UNMET_CODE, json.dumps([r for _, r in requirements])],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return [
+            f"could not check the requirements of the pinned releases in {project.rel(project.venv)}: {proc.stderr}"
+        ]
+    unmet = json.loads(proc.stdout)
+    return [
+        f"{u.label} requires {r}, which {project.rel(project.venv)} does not have: "
+        + (
+            "the package index has it (`make fork` installs it)"
+            if index_has(project, r)
+            else "the package index has no release that satisfies it (pip download --no-deps found none)"
+        )
+        for u, r in requirements
+        if r in unmet
+    ]
 
 
 def requirement_name(requirement: str) -> str:

@@ -57,12 +57,14 @@ from .project import Project, Upstream
 from .series import apply_patches
 from .sources import build_stock, stock_dir
 from .stack import GUARD_PLUGIN, PR, UTILS, changed_files, dependencies, load_stack, prs_of, remove_fix, stack_problems
+from .texts import NOT_RUN_ON_GPU
 
 
 # Upstream's own tests that run on the base and on the branches, per upstream (`--suite` chooses others).
 SUITES = {"transformers": ["tests/trainer"], "accelerate": ["tests/test_optimizer.py"]}
-# The words a PR text says until the GPU check ran; `open` replaces them in dist/ with the check's summary.
-GPU_PLACEHOLDER = "it has not been run on a GPU yet"
+# The line a PR text with a CUDA-only path says until the GPU check ran; `open` replaces it in dist/ with the check's
+# summary.
+GPU_PLACEHOLDER = NOT_RUN_ON_GPU
 BAD_OUTCOMES = ("failed", "error")
 
 
@@ -579,7 +581,7 @@ def gpu_check(project: Project, tree: Path, prs: list[PR]) -> tuple[str, bool | 
     passed = proc.returncode == 0
     print(summary, flush=True)
     dist = project.root / "dist"
-    sentence = f"on a GPU, `bench/gpu_check.py` {'passed' if passed else 'FAILED'}: " + " ".join(
+    sentence = f"On a GPU, `bench/gpu_check.py` {'passed' if passed else 'FAILED'}: " + " ".join(
         summary.splitlines()[:3]
     )
     for pr in prs:

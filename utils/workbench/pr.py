@@ -15,7 +15,18 @@ from .gitutil import ForkError, contributor_env, git
 from .project import Project
 from .repros import MARKER as OUTPUT_MARKER
 from .stack import DEPS_TAG, PR, build_levels, changed_files, dependencies, doc_pages, level_ref, prs_of
-from .texts import COMMENTS, ISSUE_DIR, LEFT_OUT, OUTSIDE_STACK, POLICY_URL, PR_DIR, Comment, pinned_versions, render
+from .texts import (
+    COMMENTS,
+    ISSUE_DIR,
+    LEFT_OUT,
+    NOT_RUN_ON_GPU,
+    OUTSIDE_STACK,
+    POLICY_URL,
+    PR_DIR,
+    Comment,
+    pinned_versions,
+    render,
+)
 
 
 MARKER = ".workbench-pr"
@@ -34,8 +45,9 @@ review. Take the same care with the accelerate PR. So, for each one you open:
 2. Prove it on a clone of upstream's current main (the series were made on the releases named below): in the
    workbench, `make open CLONE=<your clone> PR=<name>` makes the PR's branch from your clone's main (authored by
    you, three-way), runs its tests with and without its fix there, upstream's `tests/trainer` on main and on the
-   branch, and, on a machine with CUDA, the GPU check (`bench/gpu_check.py`, whose summary replaces "it has not been
-   run on a GPU yet" in the description here). Open a PR only where it says "ready to push"; it never pushes.
+   branch, and, on a machine with CUDA, the GPU check (`bench/gpu_check.py`, whose summary replaces the line
+   "{NOT_RUN_ON_GPU}" in the descriptions here of the PRs with a CUDA-only path). Open a PR only where it says
+   "ready to push"; it never pushes.
 3. Rewrite the description or issue text in your own words; keep only what you checked. Tick the checklist items
    that are true for you, and answer the Code Agent Policy checkbox yourself: it is left unticked for you.
 4. Follow the plan below, one step at a time: a step waits for what it names (a comment or issue answered by a

@@ -57,6 +57,9 @@ class PR:
     upstream_test_patch: str = ""
     # The existing upstream test file where the PR's tests belong (its reviewers may ask to move them there).
     belongs_in: str = ""
+    # The part of the change that runs only on CUDA (e.g. a host read of a device tensor): its description says that
+    # it has not been run on a GPU (texts.NOT_RUN_ON_GPU) until `make open`'s GPU check replaces that line.
+    cuda_only: str = ""
 
     @property
     def folder(self) -> str:
@@ -114,6 +117,7 @@ def load_stack(project: Project) -> list[PR]:
             "mutation",
             "upstream_test_patch",
             "belongs_in",
+            "cuda_only",
             *lists,
         }
         if unknown:
@@ -130,6 +134,7 @@ def load_stack(project: Project) -> list[PR]:
                 mutation=mutation,
                 upstream_test_patch=str(entry.get("upstream_test_patch") or ""),
                 belongs_in=str(entry.get("belongs_in") or ""),
+                cuda_only=str(entry.get("cuda_only") or ""),
                 **lists,
             )
         )

@@ -49,6 +49,12 @@ CLAIMS_SUFFIX = ".claims.json"
 EVIDENCE_KINDS = ("ran: ", "read: ")
 REPOS = {"transformers": "huggingface/transformers", "accelerate": "huggingface/accelerate"}
 POLICY_URL = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING.md"
+# The line, on its own, of every description whose change has a CUDA-only path (``cuda_only`` in patches/stack.json),
+# until `make open`'s GPU check replaces it in dist/ with its result. Not prose: the word limit does not count it.
+NOT_RUN_ON_GPU = "The CUDA-only path of this change has not been run on a GPU."
+# An absolute path of the machine a claim was checked on (evidence names paths relative to the repository or as
+# <placeholders>).
+MACHINE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/(?:tmp|home|work|root|Users|mnt|var|opt|srv|private|scratch))/")
 # The section headings of each upstream's current .github/PULL_REQUEST_TEMPLATE.md, in order.
 TEMPLATES = {
     "transformers": ["# What does this PR do?", "## Code Agent Policy", "## Before submitting", "## Who can review?"],
@@ -215,8 +221,8 @@ def prose(text: str) -> str:
 
 
 def word_count(text: str) -> int:
-    """Prose words (see ``prose``); a link counts as its text."""
-    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose(text))
+    """Prose words (see ``prose``; the ``NOT_RUN_ON_GPU`` line is not prose); a link counts as its text."""
+    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose(text).replace(NOT_RUN_ON_GPU, ""))
     return len(WORD.findall(body))
 
 
@@ -340,6 +346,20 @@ def claims_problems(project: Project, path: Path, body: str) -> list[str]:
             evidence.startswith(kind) and evidence[len(kind) :].strip() for kind in EVIDENCE_KINDS
         ):
             problems.append(f"{where}, claim {i}: evidence must say 'ran: <command> -> <output>' or 'read: <source>'")
+            continue
+        if evidence.startswith("ran: ") and not any(
+            name in project.upstreams or LITERAL_RELEASE.fullmatch(name) for name in PLACEHOLDER.findall(evidence)
+        ):
+            problems.append(
+                f"{where}, claim {i}: a 'ran:' names the release it ran on ({{{{transformers}}}}, {{{{accelerate}}}}, "
+                "or {{X.Y.Z}} for a release on purpose)"
+            )
+        path = MACHINE_PATH.search(evidence)
+        if path:
+            problems.append(
+                f"{where}, claim {i}: evidence holds a path of this machine ({evidence[path.start() :][:40]!r}): name "
+                "it relative to the repository or as <what it is>"
+            )
     return problems
 
 
@@ -374,6 +394,11 @@ def text_problems(project: Project) -> list[str]:
     """Everything wrong with the upstream-bound texts, one line each (nothing when they are fine)."""
     refs, problems = load_references(project)
     versions = pinned_versions(project)
+    try:
+        prs = load_stack(project)
+    except ForkError:
+        prs = []  # `make check` reports the stack itself
+    cuda_only = {(project.root / pr.description).resolve(): pr.cuda_only for pr in prs if pr.cuda_only}
     for text in upstream_texts(project):
         rel = project.rel(text.path)
         raw = text.path.read_text(encoding="utf-8")
@@ -402,6 +427,11 @@ def text_problems(project: Project) -> list[str]:
                 problems.append(f"{rel}: cites {repo}#{number}, which is not in {REFERENCES} (look it up first)")
         if text.kind == "pr":
             problems += template_problems(rel, body, text.upstream)
+        if text.path.resolve() in cuda_only and NOT_RUN_ON_GPU not in (line.strip() for line in body.splitlines()):
+            problems.append(
+                f"{rel}: its change has a CUDA-only path ({cuda_only[text.path.resolve()]}): say so on a line of its "
+                f"own, {NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result)"
+            )
         problems += claims_problems(project, text.path, body)
     return problems + orphan_claims(project) + missing_comments(project)
 
