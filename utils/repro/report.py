@@ -270,10 +270,13 @@ def plot_report(report: dict, options, path: str) -> None:
     plot_figure(report, options).savefig(path, dpi=80)
 
 
-def write_report(report: dict, options) -> tuple[str, str]:
-    """Writes `report.json` and `repro.png` under `--out`. Returns their paths."""
-    report_path, plot_path = os.path.join(options.out, "report.json"), os.path.join(options.out, "repro.png")
-    with open(report_path, "w", encoding="utf-8") as f:
-        json.dump(resume_diff.json_safe(report), f, indent=2)
-    plot_report(report, options, plot_path)
-    return report_path, plot_path
+def write_report(report: dict, options, final: str) -> tuple[str, str]:
+    """
+    Writes `report.json` and `repro.png` under `--out` (the new run's folder), naming its paths as they will be once
+    it is moved to `final`. Returns their paths there.
+    """
+    text = json.dumps(resume_diff.json_safe(report), indent=2).replace(options.out + os.sep, final + os.sep)
+    with open(os.path.join(options.out, "report.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+    plot_report(report, options, os.path.join(options.out, "repro.png"))
+    return os.path.join(final, "report.json"), os.path.join(final, "repro.png")
