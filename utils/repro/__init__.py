@@ -58,8 +58,9 @@ Output, under `--out` (made beside it as `<out>.partial`, which replaces the pre
 and picture written: an interrupted or failed run leaves the previous one whole; an `--out` holding other files is
 refused): `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
 `report.json` (settings, per scenario and variant: status, messages, step rows, first divergence with its likely
-cause, verdict), `repro.png` (learning rate, loss and loss scale against the step, reference vs candidate, stock vs
-fork, one row per scenario). The console shows progress, a per-step table per scenario and variant, and the verdicts.
+cause, verdict), `repro.png` (learning rate, loss, grad norm and loss scale against the step, reference vs
+candidate; per scenario a stock row above a fork row on the same y ranges, the fork's with stock's candidate in gray;
+the first divergence shaded in the panel of its field; what the LR did on skipped updates said). The console shows progress, a per-step table per scenario and variant, and the verdicts.
 
 A run that cannot finish because its process dies (a worker, or a torchrun launch: a process that crashed or
 exited with an error) does not stop the others: that scenario's verdict says `crashed: <why>` (the exit status or

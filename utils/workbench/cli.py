@@ -286,7 +286,10 @@ COMMANDS = {
 
 # What an interrupted command left (its temporary folders are removed on the way out), and how to go on.
 INTERRUPTED = {
-    "build": lambda project: "run `make fork` again: it rebuilds a fork left unfinished",
+    "build": lambda project: (
+        "run `make fork` again (with FORK_ARGS=--force where it refuses a fork left half-built: "
+        "the old one is kept as a backup folder)"
+    ),
     "check": lambda project: (
         "nothing was changed (the levels were built in a temporary folder); run `make check` again"
     ),
