@@ -58,6 +58,7 @@ def test_the_plot_explains_itself_without_the_console():
     fig = report.plot_figure(fake, argparse.Namespace(resume_step=1))
     blocks = fig.subfigs
     assert len(blocks) == 2
+    assert max(len(line) for line in fig._suptitle.get_text().splitlines()) <= report.WRAP
     heading = blocks[0]._suptitle.get_text()
     assert heading.startswith("1. no_scaler_pt: resume without scaler.pt (reference: uninterrupted, candidate: ")
     assert "\nstock: the loss scale silently restarts" in heading

@@ -201,11 +201,13 @@ def plot_figure(report: dict, options):
     height = [1.3 + 2.6 * len(entry["variants"]) for entry in scenarios.values()]
     fig = Figure(figsize=(16, sum(height) + 0.8), layout="constrained")
     fig.suptitle(
-        "transformers#34053, fp16 resume: per scenario, stock (red) above the PRs (blue), same y axes; thick: the "
-        "reference run, dashed: the candidate, gray: stock's candidate under the PRs'; dotted: the resume step; "
-        "shaded: the first divergence; \u25bc: an update skipped; \u00d7: inf/nan (overflow)",
+        textwrap.fill(
+            "transformers#34053, fp16 resume: per scenario, stock (red) above the PRs (blue), same y axes; thick: the "
+            "reference run, dashed: the candidate, gray: stock's candidate under the PRs'; dotted: the resume step; "
+            "shaded: the first divergence; \u25bc: an update skipped; \u00d7: inf/nan (overflow)",
+            WRAP,
+        ),
         fontsize=11,
-        wrap=True,
     )
     blocks = fig.subfigures(len(scenarios), 1, height_ratios=height, squeeze=False)[:, 0]
     for number, (block, (scenario, entry)) in enumerate(zip(blocks, scenarios.items()), start=1):
