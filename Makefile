@@ -46,12 +46,9 @@ fork: deps ## .venv + build/transformers and build/accelerate (sdist + overlay +
 # tests marked `@slow` (the two-process launches), which upstream's per-PR CI leaves to its scheduled runs.
 test: export OMP_NUM_THREADS := 1
 test: export RUN_SLOW := 1
+# utils/testrun.py runs its 4 stages ([k/n] lines; all of them, also after a failure), then prints a summary.
 test: fork ## what CI runs: make check, then every test with the global-state plugin, then under upstream's pins
-	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
-	PYTHONPATH=utils $(VPY) -m workbench.testenv -p pytest_global_state $(PYTEST_ARGS) tests
-	$(VPY) utils/upstream_pins.py
-	$(VPY) utils/upstream_pins.py --extra deepspeed --venv build/upstream-pins-deepspeed -- \
-		-p no:cacheprovider --timeout 900 -rs -k deepspeed tests/workbench/test_distributed_resume.py
+	$(VPY) utils/testrun.py --pytest-args "$(PYTEST_ARGS)"
 
 repro: fork ## the #34053 scenarios, stock next to the fork: tables, build/repro/report.json and repro.png
 	$(VPY) utils/repro $(REPRO_ARGS)

@@ -1393,3 +1393,59 @@ def test_a_commit_after_the_last_patch_leaves_its_file_as_it_was(project):
     for name, content in before.items():
         assert after[name] == content, name
     assert all(content.endswith(b"\n\n") for content in after.values())
+
+
+# Ctrl-C: one line saying what was left and how to go on, status 130, no traceback; the advice works.
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("where", "left"),
+    [
+        ("download", "nothing was changed; run `make upgrade` again."),
+        (
+            "write_stamp",  # stage 3, after the forks were moved onto the new bases
+            "the pins and patches are unchanged; build/transformers, build/accelerate half-moved: `make fork "
+            "FORK_ARGS=--force` puts them back on the pins, or run `make upgrade` again.",
+        ),
+        (
+            "export_fork",  # stage 4, after the pin file was written
+            "patches/config.json changed: finish with `make check` (it installs the forks and runs each PR's tests), "
+            "or go back with `git checkout -- patches/config.json patches/transformers patches/accelerate && make "
+            "fork FORK_ARGS=--force`.",
+        ),
+    ],
+)
+def test_ctrl_c_in_upgrade_says_what_was_left_and_how_to_go_on(project, tmp_path, monkeypatch, capsys, where, left):
+    from workbench import upgrade as upgrade_module
+
+    make_stack(project)
+    use_index(monkeypatch, tmp_path / "index")
+    new_release(tmp_path / "index", trainer="new 1\n" + TRAINER)
+    monkeypatch.setattr(upgrade_module, where, interrupt)
+    capsys.readouterr()
+    assert upgrade(project, tmp_path) == 130
+    assert capsys.readouterr().err == f"\nfork.py upgrade: interrupted: {left}\n"
+    assert not list(project.glob("build/.*upgrade*"))  # its temporary folders are gone
+    if "git checkout" in left:
+        sh(project, "git", "checkout", "--", "patches/config.json", "patches/transformers", "patches/accelerate")
+    if "FORK_ARGS=--force" in left:
+        assert run(project, "build", "--force") == 0
+    assert sh(project, "git", "status", "--porcelain") == ""
+    assert run(project, "check") == 0
+
+
+def test_ctrl_c_in_check_changes_nothing(project, tmp_path, monkeypatch, capsys):
+    make_stack(project)
+    monkeypatch.setattr(fork, "build_levels", interrupt)
+    monkeypatch.setattr(fork.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    capsys.readouterr()
+    assert run(project, "check") == 130
+    assert capsys.readouterr().err == (
+        "\nfork.py check: interrupted: nothing was changed (the levels were built in a temporary folder); run `make "
+        "check` again.\n"
+    )
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert sh(project, "git", "status", "--porcelain") == ""

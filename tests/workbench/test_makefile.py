@@ -66,6 +66,15 @@ def test_make_passes_the_options_it_names():
     assert recipe[3:] == ["--transformers", "5.25.0", "--pytest-args", "-n auto", "--allow-older", "--force"]
 
 
+def test_scripts_are_told_the_command_that_keeps_make_repros_statuses():
+    """make turns every failure into 2: the README gives scripts the command `make repro` runs, with its statuses
+    (tested in test_repro_cli.py: 1 not fixed, 2 bad input, 130 Ctrl-C)."""
+    readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    recipe = make("-n", "repro").splitlines()[-1].strip()
+    assert f"scripts run `{recipe} [options]` (what `make repro` runs" in readme
+    assert "0 the fork behaves as fixed, 1 it does not, 2 bad input or setup, 130 Ctrl-C" in readme
+
+
 def test_no_variable_of_the_interface_reaches_a_command(tmp_path):
     """make puts its command line's variables into each recipe's environment: `ACCELERATE=1.16.0` reached the tests,
     whose upstream helpers delete every variable named like it, and the global-state plugin failed them."""

@@ -5,6 +5,7 @@ against stock and fork (~30 s).
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,102 @@ def test_a_crashed_scenario_is_its_verdict_and_everything_else_is_written(
     )
     assert report["fork_as_expected"] is (crashed_variant != "fork")
     assert (out / "repro.png").stat().st_size > 10_000
+
+
+def _previous_run(out: Path) -> dict:
+    """A previous run's files under `out`; returns {relative path: content}."""
+    files = {"report.json": '{"previous": true}', "repro.png": "png", "fork/uninterrupted/trainer_state.json": "{}"}
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text, encoding="utf-8")
+    return files
+
+
+def _files(out: Path) -> dict:
+    return {str(p.relative_to(out)): p.read_text(encoding="utf-8") for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_new_run_replaces_the_previous_one_only_when_complete(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    previous = _previous_run(out)
+    stock_src = fake_stock_src(tmp_path / "stock_src", PINNED)
+    seen = {}
+
+    def fake_workers(options):
+        seen["out"] = options.out  # the workers write beside the previous run, which stays whole meanwhile
+        seen["previous"] = _files(out)
+        return {variant: _fake_worker(Path(options.out), variant) for variant in ("stock", "fork")}
+
+    monkeypatch.setattr(cli, "run_workers", fake_workers)
+    assert cli.main(["--out", str(out), "--stock-src", str(stock_src)]) == 0
+    assert seen == {"out": str(out) + cli.PARTIAL_SUFFIX, "previous": previous}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "stock_src"]  # nothing beside it is left
+    report = (out / "report.json").read_text(encoding="utf-8")
+    assert "previous" not in report and str(out / "fork" / "no_scaler_pt") in report  # its paths are the final ones
+    assert cli.PARTIAL_SUFFIX not in report
+    assert (out / "fork" / "no_scaler_pt" / "trainer_state.json").is_file()
+    printed = capsys.readouterr().out
+    python = (
+        os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
+    )
+    assert f"compare any two runs: {python} " in printed  # a command that runs as printed, not a bare `python`
+
+
+def test_ctrl_c_leaves_the_previous_run_whole(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    previous = _previous_run(out)
+
+    def interrupted(options):
+        Path(options.out, "fork", "uninterrupted").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_workers", interrupted)
+    assert cli.main(["--out", str(out), "--variants", "fork"]) == 130
+    assert _files(out) == previous
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"repro: interrupted: the unfinished run was removed; the previous run in {out} (report.json, repro.png, run "
+        "folders) is unchanged. Run `make repro` again."
+    )
+
+
+def test_an_out_holding_other_files_is_not_replaced(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--out", str(tmp_path), "--variants", "fork"])
+    assert exit_info.value.code == 2
+    assert f"--out {tmp_path} holds other files than a repro run's" in capsys.readouterr().err
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_ctrl_c_in_a_real_run_stops_every_process_without_a_traceback(tmp_path):
+    """SIGINT to the process group, as Ctrl-C sends it, while the worker trains: one line, status 130."""
+    out = tmp_path / "out"
+    previous = _previous_run(out)
+    command = [sys.executable, "utils/repro", "--variants", "fork", "--scenarios", "exact_resume", "--steps", "20"]
+    process = subprocess.Popen(
+        [*command, "--out", str(out)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in process.stdout:  # the worker has imported torch and transformers and trains
+            if "[fork] uninterrupted: running" in line:
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stdout + stderr
+    assert [line for line in stderr.splitlines() if line.strip()][-1].startswith(
+        "repro: interrupted: the unfinished run"
+    )
+    assert _files(out) == previous
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]

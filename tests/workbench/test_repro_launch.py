@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "utils"))
@@ -95,3 +97,29 @@ def test_a_failed_ddp_launch_is_a_crashed_run_with_its_root_cause(tmp_path, monk
     assert result["verdict"] == f"crashed: {record['error']}"
     assert not result["behaves_as_fixed"]
     assert result["reference_rows"] == {} and result["candidate_rows"] == {}
+
+
+def test_ctrl_c_stops_torchrun_and_its_output_is_not_shown(tmp_path, monkeypatch, capsys):
+    """
+    torchrun runs in a session of its own, which Ctrl-C does not reach: the worker, interrupted, stops it (SIGTERM, on
+    which torchrun stops its processes), and what torchrun prints then (its traceback) is not shown.
+    """
+    stopped = tmp_path / "stopped"
+    fake = write_script(
+        tmp_path / "fake_torchrun.py",
+        "import os, signal, sys, time\n"
+        "def stop(*args):\n"
+        "    print('Traceback (most recent call last):\\nSignalException: Process got signal: 15', flush=True)\n"
+        f"    open({str(stopped)!r}, 'w').close()\n"
+        "    raise SystemExit(1)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('started', flush=True)\n"
+        "os.kill(os.getppid(), signal.SIGINT)\n"  # the worker's Ctrl-C, while it waits for torchrun
+        "time.sleep(60)\n",
+    )
+    monkeypatch.setattr(launch, "_ddp_command", lambda variant, options, port: fake)
+    options = cli.parse_args(["--out", str(tmp_path), "--scenarios", "ddp_exact_resume"])
+    with pytest.raises(KeyboardInterrupt):
+        launch.launch_ddp_runs("fork", options, str(tmp_path / "fork"))
+    assert stopped.exists()
+    assert "Traceback" not in capsys.readouterr().out

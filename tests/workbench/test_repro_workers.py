@@ -1,6 +1,5 @@
 """Tests for utils/repro/workers.py: a worker that dies, and the driver that fails, leave no worker behind."""
 
-import signal
 import subprocess
 import sys
 import time
@@ -46,8 +45,8 @@ def test_a_worker_that_dies_becomes_crashed_runs_and_the_other_finishes(tmp_path
     assert "RuntimeError: boom" in err and f"repro: {why}" in err
 
 
-def test_an_exception_in_the_driver_kills_the_workers(tmp_path, monkeypatch):
-    """The first worker ends at once, the second would run for a minute: it is killed when the driver fails."""
+def test_an_exception_in_the_driver_stops_the_workers(tmp_path, monkeypatch):
+    """The first worker ends at once, the second would run for a minute: it is stopped (SIGINT) when the driver fails."""
     commands = {
         "stock": [sys.executable, "-c", "raise SystemExit(3)"],
         "fork": [sys.executable, "-c", "import time; time.sleep(60)"],
@@ -70,5 +69,6 @@ def test_an_exception_in_the_driver_kills_the_workers(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         workers.run_workers(options)
     assert len(started) == 2
-    assert [process.returncode for process in started] == [3, -signal.SIGKILL]  # reaped, nothing left running
+    assert started[0].returncode == 3
+    assert started[1].returncode not in (None, 0)  # stopped and reaped (SIGINT's status, or 1 in its start-up)
     assert time.monotonic() - start < 30

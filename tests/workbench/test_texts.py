@@ -2,6 +2,7 @@
 on this repository's own PR descriptions and issue drafts."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -459,3 +460,21 @@ def test_read_evidence_at_the_pinned_version_is_found_again(project, fake_venv):
         f"{where} 4: src/fakepkg/core.py of transformers 5.99.0 does not say 'x = 3'",
         f'{where} 5: a read: at the pinned version must say <path>[:<function>] "<quoted text>"',
     ]
+
+
+def test_ctrl_c_during_a_reproduction_ends_it(project, fake_venv, tmp_path):
+    """A reproduction runs in a session of its own (a timeout ends all it started), which Ctrl-C does not reach: an
+    interrupted check ends it at once rather than waiting for it."""
+    pid_file, finished = tmp_path / "pid", tmp_path / "finished"
+    script = (
+        "```python\nimport os, signal, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "os.kill(os.getppid(), signal.SIGINT)\n"  # Ctrl-C reaches the check, not this session
+        f"time.sleep(30)\nopen({str(finished)!r}, 'w').close()\n```\n"
+    )
+    write_text(project / "docs/issues/transformers-a.md", issue({"stock": "x"}, script))
+    with pytest.raises(KeyboardInterrupt):
+        verify(project, fake_venv)
+    with pytest.raises(ProcessLookupError):  # ended and reaped
+        os.kill(int(pid_file.read_text(encoding="utf-8")), 0)
+    assert not finished.exists()  # ended by the interrupted check, not by running to its end

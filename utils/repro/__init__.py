@@ -54,10 +54,13 @@ Stock and fork run in separate worker processes of repro (in parallel), the stoc
 (as `make fork` does) when missing or of other pins, another `--stock-src` of other versions is refused. The console
 and `report.json` name the transformers and accelerate versions of stock and of the fork.
 
-Output, under `--out`: `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
+Output, under `--out` (made beside it as `<out>.partial`, which replaces the previous run only once complete, report
+and picture written: an interrupted or failed run leaves the previous one whole; an `--out` holding other files is
+refused): `<variant>/<scenario>/...` run directories (compare any two with `utils/resume_diff.py`),
 `report.json` (settings, per scenario and variant: status, messages, step rows, first divergence with its likely
-cause, verdict), `repro.png` (learning rate, loss and loss scale against the step, reference vs candidate, stock vs
-fork, one row per scenario). The console shows progress, a per-step table per scenario and variant, and the verdicts.
+cause, verdict), `repro.png` (learning rate, loss, grad norm and loss scale against the step, reference vs
+candidate; per scenario a stock row above a fork row on the same y ranges, the fork's with stock's candidate in gray;
+the first divergence shaded in the panel of its field; what the LR did on skipped updates said). The console shows progress, a per-step table per scenario and variant, and the verdicts.
 
 A run that cannot finish because its process dies (a worker, or a torchrun launch: a process that crashed or
 exited with an error) does not stop the others: that scenario's verdict says `crashed: <why>` (the exit status or
@@ -66,7 +69,10 @@ are still written. A Trainer that raises is a finding instead (`crashes: <error>
 
 Exit status: 0 when the fork behaves as fixed in every scenario run (exact resume identical, an info line without
 `scaler.pt`, no crash with bf16, LR held on skipped updates), 1 otherwise (a fork scenario that crashed included), 2 on
-a usage or setup error, said in one line before anything runs (e.g. `--device cuda` where torch sees no CUDA device).
+a usage or setup error, said in one line before anything runs (e.g. `--device cuda` where torch sees no CUDA device),
+130 on Ctrl-C (one line: the unfinished run removed, the previous one unchanged; no worker prints a traceback). `make`
+turns every failure into its own status 2: scripts that need these run `.venv/bin/python utils/repro` (what `make
+repro` runs, after `make fork`).
 
 The code, in the order the data flows (each module imports only those before it): `scenarios.py` (what is run),
 `runs.py` (training a run in this process), `launch.py` (starting processes, torchrun's output), `workers.py` (the

@@ -2,8 +2,11 @@
 
 import argparse
 import os
+import shutil
+import sys
 import time
 
+from .launch import PACKAGE_DIR
 from .report import build_report, print_report, write_report
 from .runs import run_ddp_worker
 from .scenarios import SCENARIOS, VARIANTS
@@ -62,12 +65,55 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     options = parse_args(argv)
-    if options.worker:
-        run_worker(options.worker, options)
+    if options.worker or options.ddp_worker:
+        try:
+            if options.worker:
+                run_worker(options.worker, options)
+            else:
+                run_ddp_worker(options.ddp_worker, options)
+        except KeyboardInterrupt:  # Ctrl-C reaches the workers too: the driver says what was left, they say nothing
+            return 130
         return 0
-    if options.ddp_worker:
-        run_ddp_worker(options.ddp_worker, options)
-        return 0
+    final = options.out
+    options.out = final + PARTIAL_SUFFIX
+    try:
+        return run_driver(options, final)
+    except KeyboardInterrupt:
+        shutil.rmtree(options.out, ignore_errors=True)
+        kept = f"; the previous run in {final} (report.json, repro.png, run folders) is unchanged"
+        print(
+            f"\nrepro: interrupted: the unfinished run was removed{kept if os.path.isdir(final) else ''}. Run `make "
+            "repro` again.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
+
+
+# The new run is made beside the last one (`<out>.partial`) and replaces it only when complete, report and picture
+# included: an interrupted or failed run leaves the previous one whole.
+PARTIAL_SUFFIX = ".partial"
+# What a run writes under `--out`: an existing `--out` holding anything else is not replaced.
+OUTPUTS = {"stock", "fork", "report.json", "repro.png"}
+
+
+def replace_previous(partial: str, final: str) -> None:
+    """Moves the complete run `partial` to `final`, where the previous run (if any) was until then."""
+    previous = final + ".previous"
+    shutil.rmtree(previous, ignore_errors=True)
+    if os.path.isdir(final):
+        os.rename(final, previous)
+    os.rename(partial, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _shown(path: str) -> str:
+    """`path` as a command line shows it: relative to the working directory when under it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
+
+
+def run_driver(options, final: str) -> int:
     start = time.perf_counter()
     if options.device == "cuda":
         import torch
@@ -76,10 +122,15 @@ def main(argv=None) -> int:
             fail("--device cuda: torch sees no CUDA device here (use --device cpu, or auto)")
     if "stock" in options.variants:
         ensure_stock_src(options.stock_src)
+    if os.path.isdir(final + ".previous") and not os.path.isdir(final):  # stopped between the two renames
+        os.rename(final + ".previous", final)
+    if os.path.isdir(final) and not set(os.listdir(final)) <= OUTPUTS:
+        fail(f"--out {final} holds other files than a repro run's ({', '.join(sorted(OUTPUTS))}): choose another")
     try:
-        os.makedirs(options.out, exist_ok=True)
+        shutil.rmtree(options.out, ignore_errors=True)  # left by a run that was killed
+        os.makedirs(options.out)
     except OSError as error:
-        fail(f"--out {options.out}: cannot create the output directory ({error})")
+        fail(f"--out {final}: cannot create the output directory ({error})")
     print(
         f"repro #34053: {options.steps} steps, resume from checkpoint-{options.resume_step}, scenarios "
         f"{', '.join(options.scenarios)}; variants {', '.join(options.variants)} (one process each) ...",
@@ -88,10 +139,12 @@ def main(argv=None) -> int:
     workers = run_workers(options)
     report = build_report(options, workers)
     print_report(report, options)
-    report_path, plot_path = write_report(report, options)
+    report_path, plot_path = write_report(report, options, final)
+    replace_previous(options.out, final)
     print(f"\nreport: {report_path}\nplot:   {plot_path}")
-    runs = f"{options.out}/fork/uninterrupted {options.out}/fork/no_scaler_pt"
-    print(f"compare any two runs: python utils/resume_diff.py {runs}")
+    runs = " ".join(_shown(os.path.join(final, "fork", run)) for run in ("uninterrupted", "no_scaler_pt"))
+    resume_diff = os.path.join(os.path.dirname(PACKAGE_DIR), "resume_diff.py")
+    print(f"compare any two runs: {_shown(sys.executable)} {_shown(resume_diff)} {runs}")
     fork_ok = report["fork_as_expected"]
     if fork_ok is not None:
         print(f"fork behaves as fixed in every scenario: {'yes' if fork_ok else 'NO'}")

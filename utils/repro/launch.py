@@ -90,13 +90,12 @@ def launch_ddp_runs(variant: str, options, base: str) -> dict:
         output = OutputTail(launcher.stdout, sys.stdout)
         try:
             returncode = launcher.wait(timeout=DDP_TIMEOUT)
+        except KeyboardInterrupt:  # in its own session, Ctrl-C does not reach it: stopped here, its output unshown
+            output.mute()
+            _stop(launcher)
+            raise
         except subprocess.TimeoutExpired:
-            launcher.terminate()
-            try:
-                launcher.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, 9)
-                launcher.wait()
+            _stop(launcher)
             returncode = f"timeout after {DDP_TIMEOUT} s"
         output.join(timeout=30)
     finally:
@@ -115,11 +114,22 @@ def launch_ddp_runs(variant: str, options, base: str) -> dict:
         return json.load(f)
 
 
+def _stop(launcher: subprocess.Popen) -> None:
+    """Stops torchrun: SIGTERM, on which it stops its processes (each in a session of its own), then SIGKILL."""
+    launcher.terminate()
+    try:
+        launcher.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
 class OutputTail:
     """Copies a child's output (a text stream) line by line to `sink` as it comes, keeping the last `size` lines."""
 
     def __init__(self, stream, sink, size: int = 300):
         self.lines = collections.deque(maxlen=size)
+        self.muted = False
         self._thread = threading.Thread(target=self._copy, args=(stream, sink), name="repro-output", daemon=True)
         self._thread.start()
 
@@ -127,8 +137,13 @@ class OutputTail:
         with stream:
             for line in stream:
                 self.lines.append(line.rstrip("\n"))
-                sink.write(line)
-                sink.flush()
+                if not self.muted:
+                    sink.write(line)
+                    sink.flush()
+
+    def mute(self):
+        """Stops copying to the sink (what a process stopped on purpose prints is not shown)."""
+        self.muted = True
 
     def join(self, timeout: float | None = None):
         self._thread.join(timeout)

@@ -171,7 +171,15 @@ EXPLANATIONS = {
         "the same",
     ),
 }
-PANELS = (("learning_rate", "learning rate"), ("loss", "loss"), ("grad_scale", "loss scale (log2)"))
+# Every field a verdict can name as the first divergence has its panel (skipped updates: marks on the LR panel).
+PANELS = (
+    ("learning_rate", "learning rate"),
+    ("loss", "loss"),
+    ("grad_norm", "grad norm"),
+    ("grad_scale", "loss scale (log2)"),
+)
+COLORS = {"stock": "tab:red", "fork": "tab:blue"}
+WRAP = 180  # characters per caption line: the figure's width at its font sizes (nothing is cut off)
 
 
 def _variant_label(report: dict, variant: str) -> str:
@@ -182,98 +190,147 @@ def _variant_label(report: dict, variant: str) -> str:
 
 def plot_figure(report: dict, options):
     """The figure of `repro.png`: per scenario, what stock does wrong and what the PRs change, then one row of panels
-    (learning rate, loss, loss scale against the step; the reference run thick, the candidate dashed, its skipped
-    updates marked) per variant, stock and fork never on the same axes, each panel with its legend."""
+    (learning rate, loss, grad norm, loss scale against the step; the reference run thick, the candidate dashed, its
+    skipped updates marked, the first divergence shaded in the panel of the field that diverged) per variant, stock
+    and fork on axes of the same y range, the fork's panels with stock's candidate in gray beneath."""
     # A bare Figure, not pyplot: no backend to choose (`matplotlib.use`) and no figure registry, so that plotting
     # leaves the caller's matplotlib as it was (savefig renders with Agg for a .png).
     from matplotlib.figure import Figure
 
     scenarios = report["scenarios"]
-    height = [1.2 + 2.5 * len(entry["variants"]) for entry in scenarios.values()]
-    fig = Figure(figsize=(16, sum(height) + 0.6), layout="constrained")
+    height = [1.3 + 2.6 * len(entry["variants"]) for entry in scenarios.values()]
+    fig = Figure(figsize=(16, sum(height) + 0.8), layout="constrained")
     fig.suptitle(
-        "transformers#34053, fp16 resume: each scenario's reference run (thick) and candidate run (dashed), stock "
-        "(red) and with the PRs (blue) in separate rows; dotted line: the resume step",
-        fontsize=12,
+        textwrap.fill(
+            "transformers#34053, fp16 resume: per scenario, stock (red) above the PRs (blue), same y axes; thick: the "
+            "reference run, dashed: the candidate, gray: stock's candidate under the PRs'; dotted: the resume step; "
+            "shaded: the first divergence; \u25bc: an update skipped; \u00d7: inf/nan (overflow)",
+            WRAP,
+        ),
+        fontsize=11,
     )
     blocks = fig.subfigures(len(scenarios), 1, height_ratios=height, squeeze=False)[:, 0]
     for number, (block, (scenario, entry)) in enumerate(zip(blocks, scenarios.items()), start=1):
         wrong, fixed = EXPLANATIONS[scenario]
+        labels = SCENARIOS[scenario][3]
         block.suptitle(
-            f"{number}. {scenario}: {entry['title']}\n"
-            + textwrap.fill(f"stock: {wrong}", 190)
+            f"{number}. {scenario}: {entry['title']} (reference: {labels[0]}, candidate: {labels[1]})\n"
+            + textwrap.fill(f"stock: {wrong}", WRAP)
             + "\n"
-            + textwrap.fill(f"with the PRs: {fixed}", 190),
+            + textwrap.fill(f"with the PRs: {fixed}", WRAP),
             fontsize=10,
             x=0.01,
             ha="left",
         )
         block.set_facecolor("0.96" if number % 2 else "white")
         rows = block.subfigures(len(entry["variants"]), 1, squeeze=False)[:, 0]
-        for row, (variant, result) in zip(rows, entry["variants"].items()):
-            _plot_variant(row, scenario, variant, result, report, options)
+        stock = entry["variants"].get("stock")
+        axes = [
+            _plot_variant(row, scenario, variant, result, report, options, None if variant == "stock" else stock)
+            for row, (variant, result) in zip(rows, entry["variants"].items())
+        ]
+        for column in zip(*axes):  # a scenario's rows on the same y range, panel by panel
+            limits = [ax.get_ylim() for ax in column if ax.has_data()]
+            if limits:
+                for ax in column:
+                    ax.set_ylim(min(low for low, _ in limits), max(high for _, high in limits))
     return fig
 
 
-def _plot_variant(row, scenario: str, variant: str, result: dict, report: dict, options) -> None:
-    color = {"stock": "tab:red", "fork": "tab:blue"}.get(variant, "black")
-    labels = SCENARIOS[scenario][3]
-    row.suptitle(
-        textwrap.fill(f"{_variant_label(report, variant)}: {result['verdict']}", 200),
-        fontsize=9,
-        color=color,
-        x=0.01,
-        ha="left",
+def _points(rows: dict, field: str) -> tuple[list, list]:
+    """The finite (step, value) points of `field`, and the steps where it is inf or nan."""
+    values = [(step, row.get(field)) for step, row in rows.items() if isinstance(row.get(field), (int, float))]
+    return [(s, v) for s, v in values if math.isfinite(v)], [s for s, v in values if not math.isfinite(v)]
+
+
+def _annotate_skips(ax, result: dict, marks: dict) -> None:
+    """Says on the LR panel what the schedule did on the candidate's last skipped updates: held (fixed) or advanced."""
+    advanced = set(result["lr_advanced_on_skipped_updates"])
+    last = max(marks)
+    what = "advanced on" if last in advanced else "held on"
+    steps = [s for s in sorted(marks) if (s in advanced) == (last in advanced)][-3:]
+    verdict = "the fused_skip bug" if last in advanced else "as it must"
+    ax.annotate(
+        f"LR {what} skipped update{'s' * (len(steps) > 1)} {format_steps(steps)}\n({verdict})",
+        xy=(last, marks[last]),
+        xytext=(0.03, 0.06),
+        textcoords="axes fraction",
+        fontsize=8.5,
+        arrowprops={"arrowstyle": "->", "color": "black", "linewidth": 0.8},
     )
+
+
+def _plot_variant(row, scenario: str, variant: str, result: dict, report: dict, options, stock: dict | None) -> list:
+    """One variant's row of panels (with `stock`'s candidate in gray beneath, for the fork). Returns its axes."""
+    color = COLORS.get(variant, "black")
+    caption = f"{_variant_label(report, variant)}: {result['verdict']}"
+    note = lr_note(result)
+    if note:
+        caption += f". Note: {note}"
+    row.suptitle(textwrap.fill(caption, WRAP), fontsize=9.5, color=color, x=0.01, ha="left")
     skipped = set(result.get("skipped_steps") or [])
-    for ax, (field, name) in zip(row.subplots(1, 3), PANELS):
-        for rows, label, style in (
-            (result["reference_rows"], f"{labels[0]} (reference)", {"linestyle": "-", "linewidth": 4, "alpha": 0.3}),
+    divergence = result["comparison"]["divergence"]
+    axes = row.subplots(1, len(PANELS))
+    for ax, (field, name) in zip(axes, PANELS):
+        runs = [
+            (result["reference_rows"], color, {"linestyle": "-", "linewidth": 4, "alpha": 0.3}),
             (
                 result["candidate_rows"],
-                labels[1],
+                color,
                 {"linestyle": "--", "marker": "o", "markersize": 3, "linewidth": 1.2, "markerfacecolor": "none"},
             ),
-        ):
-            points = [(s, r[field]) for s, r in rows.items() if isinstance(r.get(field), (int, float))]
-            points = [(s, v) for s, v in points if math.isfinite(v)]
+        ]
+        if stock is not None:
+            runs.insert(0, (stock["candidate_rows"], "0.55", {"linewidth": 1, "zorder": 1}))
+        for rows, line_color, style in runs:
+            points, overflows = _points(rows, field)
             if points:
-                ax.plot(*zip(*points), color=color, label=label, **style)
+                ax.plot(*zip(*points), color=line_color, **style)
+            if overflows and line_color == color:
+                ax.plot(
+                    overflows,
+                    [0.97] * len(overflows),
+                    transform=ax.get_xaxis_transform(),
+                    linestyle="none",
+                    marker="x",
+                    color=color,
+                    markersize=7,
+                )
         if field == "learning_rate":
             marks = [(s, r["learning_rate"]) for s, r in result["candidate_rows"].items() if s in skipped]
             if marks:
-                ax.plot(
-                    *zip(*marks), linestyle="none", marker="v", color="black", markersize=5, label="update skipped"
-                )
+                ax.plot(*zip(*marks), linestyle="none", marker="v", color="black", markersize=6)
+                _annotate_skips(ax, result, dict(marks))
         if scenario in RESUME_SCENARIOS + DDP_SCENARIOS:
             ax.axvline(options.resume_step, color="gray", linestyle=":", linewidth=1)
         if field == "grad_scale":
             ax.set_yscale("log", base=2)
         title = name
         if field == "grad_scale" and variant == "stock":
-            title += ", observed by repro (stock does not log it)"
-        if not any(line.get_label() and not line.get_label().startswith("_") for line in ax.get_lines()):
+            title += " (observed by repro)"
+        if divergence is not None and divergence["fields"][0]["field"] == field:
+            ax.axvspan(divergence["step"] - 0.5, divergence["step"] + 0.5, color=color, alpha=0.15, linewidth=0)
+            title += f"\nfirst divergence: step {divergence['step']}"
+        if not any(_points(rows, field)[0] for rows in (result["reference_rows"], result["candidate_rows"])):
             title += ": none logged" + (" (crashed)" if result["status"] == "crashed" else "")
-        if field == "learning_rate":
-            note = lr_note(result)
-            if note:
-                title += "\n" + textwrap.fill(note, 70)
-        ax.set_title(title, fontsize=8)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        if ax.get_lines():
-            ax.legend(fontsize=7, loc="best")
+        ax.set_title(title, fontsize=9.5)
+        ax.set_xlabel("step", fontsize=9)
+        ax.tick_params(labelsize=8.5)
+    return list(axes)
 
 
 def plot_report(report: dict, options, path: str) -> None:
     """Writes `plot_figure` to `path` (a PNG)."""
-    plot_figure(report, options).savefig(path, dpi=80)
+    plot_figure(report, options).savefig(path, dpi=90)
 
 
-def write_report(report: dict, options) -> tuple[str, str]:
-    """Writes `report.json` and `repro.png` under `--out`. Returns their paths."""
-    report_path, plot_path = os.path.join(options.out, "report.json"), os.path.join(options.out, "repro.png")
-    with open(report_path, "w", encoding="utf-8") as f:
-        json.dump(resume_diff.json_safe(report), f, indent=2)
-    plot_report(report, options, plot_path)
-    return report_path, plot_path
+def write_report(report: dict, options, final: str) -> tuple[str, str]:
+    """
+    Writes `report.json` and `repro.png` under `--out` (the new run's folder), naming its paths as they will be once
+    it is moved to `final`. Returns their paths there.
+    """
+    text = json.dumps(resume_diff.json_safe(report), indent=2).replace(options.out + os.sep, final + os.sep)
+    with open(os.path.join(options.out, "report.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+    plot_report(report, options, os.path.join(options.out, "repro.png"))
+    return os.path.join(final, "report.json"), os.path.join(final, "repro.png")

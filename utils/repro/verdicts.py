@@ -7,7 +7,6 @@ import re
 
 import resume_diff
 
-from .launch import shorten
 from .runs import PROBE_FIELDS
 from .scenarios import SCENARIOS
 
@@ -120,9 +119,7 @@ def verdict(scenario: str, result: dict) -> str:
         parts.append("both processes hold the same model" if same else "the two processes now train DIFFERENT models")
     if scenario in ("no_scaler_pt", "bf16_resume"):
         messages = result["messages"]
-        parts.append(
-            f"says: {shorten(_without_dirs(messages[0]))}" if messages else "says nothing about the loss scale"
-        )
+        parts.append(f"says: {_without_dirs(messages[0])}" if messages else "says nothing about the loss scale")
     return "; ".join(parts)
 
 

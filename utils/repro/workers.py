@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from .scenarios import DDP_SCENARIOS, OPTIM, REPO_ROOT, RESUME_SCENARIOS, SCENAR
 # accelerate is a second upstream of the workbench: stock means stock accelerate too (the default stock directory
 # holds both pristine source trees).
 DEFAULT_STOCK_SRC = os.path.join("build", "stock", "src")
+WORKER_STOP_TIMEOUT = 30  # seconds a worker has to stop after SIGINT before it is killed
 
 
 # What each worker records of the packages it imported (report.json's "variants", the console's version lines).
@@ -171,7 +173,7 @@ def run_workers(options) -> dict:
     with an error, is killed, or leaves no readable results) does not stop the others: the runs it did not finish
     become crashed runs saying why (its exit status or signal and its last error line), so that each of its scenarios
     gets that verdict. A worker that imported the wrong `transformers` is a setup error. On any exception (Ctrl-C
-    included) the workers are killed: no worker outlives this call.
+    included) the workers are stopped (SIGINT, then killed after `WORKER_STOP_TIMEOUT`): no worker outlives this call.
     """
     processes, outputs = {}, {}
     try:
@@ -198,10 +200,15 @@ def run_workers(options) -> dict:
                         fail(f"the {variant} worker imported {imported}")
         return results
     finally:
-        for process in processes.values():
+        for process in processes.values():  # a worker stopped by SIGINT (also Ctrl-C's) stops its torchrun first
             if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes.values():
+            try:
+                process.wait(timeout=WORKER_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
                 process.kill()
-            process.wait()
+                process.wait()
         for output in outputs.values():
             output.join(timeout=30)
 

@@ -35,7 +35,7 @@ from .stack import (
     stock_sources,
 )
 from .texts import text_problems, word_counts
-from .upgrade import cmd_upgrade
+from .upgrade import cmd_upgrade, interrupted_upgrade
 
 
 DEPS_STAMP_NAME = ".workbench-deps.json"
@@ -294,10 +294,31 @@ COMMANDS = {
 }
 
 
+# What an interrupted command left (its temporary folders are removed on the way out), and how to go on.
+INTERRUPTED = {
+    "build": lambda project: (
+        "run `make fork` again (with FORK_ARGS=--force where it refuses a fork left half-built: "
+        "the old one is kept as a backup folder)"
+    ),
+    "check": lambda project: (
+        "nothing was changed (the levels were built in a temporary folder); run `make check` again"
+    ),
+    "deps": lambda project: "run `make deps` again: pip installs what is missing",
+    "upgrade": interrupted_upgrade,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    project = None
     try:
-        return COMMANDS[args.command](make_project(args), args)
+        project = make_project(args)
+        return COMMANDS[args.command](project, args)
     except ForkError as err:
         print(f"fork.py {args.command}: error: {err}", file=sys.stderr)
         return getattr(err, "status", 1)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (the subprocesses got it too and stop quietly)
+        said = INTERRUPTED.get(args.command)
+        left = said(project) if said and project else f"run `fork.py {args.command}` again"
+        print(f"\nfork.py {args.command}: interrupted: {left}.", file=sys.stderr, flush=True)
+        return 130

@@ -45,6 +45,7 @@ evidence is not re-checked; ``check`` counts it.
 """
 
 import ast
+import contextlib
 import difflib
 import json
 import os
@@ -171,9 +172,11 @@ def first_missing(shown: list[str], printed: list[str]) -> int | None:
 # lines, and ``make test`` exports ``RUN_SLOW`` and xdist its worker variables.
 
 
-def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tuple[str, int | None]:
+def run_script(
+    repro: Reproduction, python: Path, pythonpath: list[Path], running: set | None = None
+) -> tuple[str, int | None]:
     """Run a reproduction in a new folder: what it printed (normalised) and its exit status (None: past the
-    timeout)."""
+    timeout). Its process group is in ``running`` while it runs."""
     env = shell_environment()
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="80", TQDM_DISABLE="1")
     if pythonpath:
@@ -191,6 +194,8 @@ def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tup
             errors="replace",
             start_new_session=True,  # its own process group: a timeout ends whatever it started
         )
+        running = set() if running is None else running
+        running.add(proc.pid)
         try:
             out, _ = proc.communicate(timeout=REPRO_TIMEOUT)
             status = proc.returncode
@@ -198,6 +203,8 @@ def run_script(repro: Reproduction, python: Path, pythonpath: list[Path]) -> tup
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             status = None
+        finally:
+            running.discard(proc.pid)
         return "\n".join(normalised(out, folder)), status
 
 
@@ -315,8 +322,16 @@ def verify_texts(project: Project, tmp: Path, built: dict[str, Path]) -> tuple[l
     labels = {"stock": stock, "fork": "the fork"}
     runs = [(r, v) for r in repros for v in dict.fromkeys(o.variant for o in r.outputs)]
     python = venv_python(project)
+    running = set()
     with ThreadPoolExecutor(max_workers=max(1, min(len(runs), os.cpu_count() or 1))) as pool:
-        results = list(pool.map(lambda run: run_script(run[0], python, paths[run[1]]), runs))
+        try:
+            results = list(pool.map(lambda run: run_script(run[0], python, paths[run[1]], running), runs))
+        except BaseException:  # Ctrl-C: the reproductions run in sessions of their own, which it does not reach
+            pool.shutdown(wait=False, cancel_futures=True)
+            for pid in list(running):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            raise
     for (repro, variant), (printed, status) in zip(runs, results):
         for output in repro.outputs:
             if output.variant == variant:

@@ -157,7 +157,7 @@ def cmd_upgrade(project: Project, args) -> int:
             f"\nAlready up to date: the pins are {labels}{newest}; nothing was changed (--force rebuilds and retests)."
         )
         return 0
-    written = [project.config_path, *(u.patches_dir for u in project.upstreams.values())]
+    written = written_paths(project)
     uncommitted = uncommitted_paths(project, written)
     if uncommitted:
         raise ForkError(
@@ -262,6 +262,38 @@ def cmd_upgrade(project: Project, args) -> int:
         print("\nThe forks could not be installed into the venv: pip could not meet the new releases' requirements.")
     print("\nThe stack is ready." if ready else "\nThe stack is NOT ready: see above.")
     return 0 if ready else 1
+
+
+def written_paths(project: Project) -> list[Path]:
+    """What an upgrade rewrites in the repository (it refuses to start while any of them has uncommitted changes)."""
+    return [project.config_path, *(u.patches_dir for u in project.upstreams.values())]
+
+
+def built_on(upstream, stamp: dict, head: str | None) -> bool:
+    """Whether a fork's stamp says it was built on ``upstream``'s pinned release, up to its ``head``."""
+    return stamp.get("base_sha256") == upstream.sha256 and stamp.get("head") == head
+
+
+def interrupted_upgrade(project: Project) -> str:
+    """What an interrupted upgrade left, read from the repository and the forks, and how to go on."""
+    changed = uncommitted_paths(project, written_paths(project))
+    back = "make fork FORK_ARGS=--force"
+    if changed:
+        return (
+            f"{', '.join(changed)} changed: finish with `make check` (it installs the forks and runs each PR's tests), "
+            f"or go back with `git checkout -- {' '.join(project.rel(p) for p in written_paths(project))} && {back}`"
+        )
+    moved = [
+        project.rel(u.fork_dir)
+        for u in project.upstreams.values()
+        if u.fork_dir.exists() and not built_on(u, read_stamp(u.fork_dir), rev_parse(u.fork_dir, "HEAD"))
+    ]
+    if moved:
+        return (
+            f"the pins and patches are unchanged; {', '.join(moved)} half-moved: `{back}` puts them back on the pins, "
+            "or run `make upgrade` again"
+        )
+    return "nothing was changed; run `make upgrade` again"
 
 
 def uncommitted_paths(project: Project, paths: list[Path]) -> list[str]:
