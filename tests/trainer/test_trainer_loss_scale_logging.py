@@ -17,9 +17,11 @@ Training logs carry the fp16 loss scale (`grad_scale`), and only when the loss i
 autocast), as Accelerate does on an accelerator. The overflow is injected by update attempt, not by `global_step`.
 """
 
+import os
+
 from parameterized import parameterized
 
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainerState, TrainingArguments
 from transformers.testing_utils import TestCasePlus, require_torch, torch_device
 from transformers.utils import is_torch_available
 
@@ -33,7 +35,7 @@ TRAINING_KWARGS = {"max_steps": 6, "per_device_train_batch_size": 2, "logging_st
 
 
 class OverflowAtAttempt(TrainerCallback):
-    """Turns one gradient entry into `inf` on update attempt `attempt`; records the attempt of each training log."""
+    """Turns one gradient entry into `inf` on update attempt `attempt`; records the attempt of each training log entry."""
 
     def __init__(self, attempt):
         self.overflow_attempt, self.attempts, self.logged_at = attempt, 0, []
@@ -46,7 +48,7 @@ class OverflowAtAttempt(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if "loss" in logs:
-            self.logged_at.append((self.attempts, logs))
+            self.logged_at.append(self.attempts)
 
     def _maybe_overflow(self, grad):
         if self.attempts == self.overflow_attempt:
@@ -64,38 +66,55 @@ class TrainerLossScaleLoggingTest(TestCasePlus):
         input_ids = torch.randint(0, 32, (64, 8), generator=torch.Generator().manual_seed(0))
         train_dataset = [{"input_ids": ids, "labels": ids} for ids in input_ids]
         output_dir = self.get_auto_remove_tmp_dir()
-        args = TrainingArguments(output_dir, use_cpu=torch_device == "cpu", **TRAINING_KWARGS, **kwargs)
+        args = TrainingArguments(output_dir, use_cpu=torch_device == "cpu", **{**TRAINING_KWARGS, **kwargs})
         recorder = OverflowAtAttempt(OVERFLOW_ATTEMPT)
         trainer = Trainer(model=model, args=args, train_dataset=train_dataset)
         trainer.add_callback(recorder)
         return trainer, recorder
 
-    def test_fp16_logs_grad_scale(self):
-        trainer, recorder = self.get_trainer(fp16=True)
+    def get_fp16_trainer(self, scale, **kwargs):
+        trainer, recorder = self.get_trainer(fp16=True, **kwargs)
         if trainer.accelerator.scaler is None:
             trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
             trainer.accelerator.native_amp = True
         scaler = trainer.accelerator.scaler
+        scaler.load_state_dict({**scaler.state_dict(), "scale": scale, "growth_interval": 1})
+        return trainer, recorder
+
+    def test_fp16_logs_grad_scale(self):
         # The scale doubles after every update and halves on the overflow: each logged value names its attempt
-        scaler.load_state_dict({**scaler.state_dict(), "scale": 64.0, "growth_interval": 1})
+        trainer, recorder = self.get_fp16_trainer(64.0, save_strategy="steps", save_steps=TRAINING_KWARGS["max_steps"])
         trainer.train()
-        logged = {attempt: logs.get("grad_scale") for attempt, logs in recorder.logged_at}
+        checkpoint = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+        saved_state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
         expected, scale = {}, 64.0
-        for attempt in range(1, max(logged) + 1):
+        for attempt in range(1, max(recorder.logged_at) + 1):
             scale = scale / 2 if attempt == OVERFLOW_ATTEMPT else scale * 2
             expected[attempt] = scale
-        # Every update is logged (whether or not the skipped one is), with the scale after it, as a Python float
-        self.assertLessEqual({1, 2, 3, 5, 6}, set(logged))
-        self.assertEqual(logged, {attempt: expected[attempt] for attempt in logged})
-        self.assertEqual({type(scale) for scale in logged.values()}, {float})
+        for log_history in (trainer.state.log_history, saved_state.log_history):
+            logged = [entry.get("grad_scale") for entry in log_history if "loss" in entry]
+            logged = dict(zip(recorder.logged_at, logged, strict=True))
+            # Every update is logged (whether or not the skipped one is), with the scale after it, as a Python float
+            self.assertLessEqual({1, 2, 3, 5, 6}, set(logged))
+            self.assertEqual(logged, {attempt: expected[attempt] for attempt in logged})
+            self.assertEqual({type(scale) for scale in logged.values()}, {float})
+
+    def test_fp16_logs_zero_grad_scale(self):
+        # A scale of 0.0 makes every update overflow (and stays 0.0): it is logged, not dropped as falsy
+        trainer, _ = self.get_fp16_trainer(0.0, max_steps=2)
+        trainer.train()
+        logged = [entry.get("grad_scale") for entry in trainer.state.log_history if "loss" in entry]
+        self.assertTrue(logged)
+        self.assertEqual(logged, [0.0] * len(logged))
 
     @parameterized.expand([("fp32", {}), ("fp16_with_disabled_scaler", {"fp16": True})])
     def test_no_grad_scale_without_loss_scaling(self, _, precision):
         # bf16 and fp32 have no loss scaler: the same code path. A disabled scaler reports a scale of 1.0, unused.
-        trainer, recorder = self.get_trainer(**precision)
+        trainer = self.get_trainer(**precision)[0]
         if precision:
             trainer.accelerator.scaler = torch.amp.GradScaler("cpu", enabled=False)
             trainer.accelerator.native_amp = True
         trainer.train()
-        self.assertTrue(recorder.logged_at)
-        self.assertFalse(any("grad_scale" in logs for _, logs in recorder.logged_at))
+        entries = [entry for entry in trainer.state.log_history if "loss" in entry]
+        self.assertTrue(entries)
+        self.assertFalse(any("grad_scale" in entry for entry in entries))

@@ -13,6 +13,8 @@
 # limitations under the License.
 """
 Resuming fp16 mixed precision training restores the loss scaler, and matches the uninterrupted run bit for bit (#34053).
+The parity tests are #34053's regression tests: they pass since #34932 restores the scaler, and fail if that restore is
+lost again.
 
 On CPU, Accelerate builds no `GradScaler` for fp16, so these tests give the Trainer's accelerator a CPU
 `torch.amp.GradScaler` and turn on its autocast: the forward really runs in fp16 and the loss scale really moves. On an
@@ -187,12 +189,31 @@ class TrainerLoadScalerTest(TestCasePlus):
         self.assertEqual(scaler.get_scale(), 256.0)
         self.assertEqual(out, "")
 
-    def test_resume_without_scaler_state(self):
-        # e.g. a checkpoint saved before #34932; logged at the level of the other restores' missing files
-        checkpoint, out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu", init_scale=1024.0))
-        self.assertIn(f"No scaler.pt in {checkpoint}: the fp16 loss scale restarts at 1024.0, and the first", out)
-        out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu"), level=logging.WARNING)[1]
+    # No scaler.pt (e.g. a checkpoint of a release that saved no scaler state), or the `{}` a disabled scaler was saved
+    # as: the loss scale restarts, logged at the level of the other restores' missing files
+    @parameterized.expand([("missing", None), ("empty", {})])
+    def test_resume_without_scaler_state(self, _, scaler_state):
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        checkpoint, out = self.load_scaler({"fp16": True}, scaler, scaler_state)
+        self.assertEqual(scaler.get_scale(), 1024.0)
+        self.assertIn(f"No loss scaler state in {checkpoint} (scaler.pt missing or empty): the fp16 loss scale", out)
+        self.assertIn("restarts at 1024.0, and the first updates may be skipped", out)
+        out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu"), scaler_state, level=logging.WARNING)[1]
         self.assertEqual(out, "")
+        if scaler_state is not None:  # loading leaves the checkpoint as it was
+            self.assertEqual(torch.load(os.path.join(checkpoint, "scaler.pt")), scaler_state)
+
+    def test_resume_corrupt_scaler_state(self):
+        checkpoint = self.get_auto_remove_tmp_dir()
+        torch.save(torch.amp.GradScaler("cpu", init_scale=256.0).state_dict(), os.path.join(checkpoint, "scaler.pt"))
+        with open(os.path.join(checkpoint, "scaler.pt"), "r+b") as f:
+            f.truncate(os.path.getsize(f.name) // 2)
+        args = TrainingArguments(self.get_auto_remove_tmp_dir(), use_cpu=True, report_to=[], fp16=True)
+        trainer = Trainer(torch.nn.Linear(2, 2), args)
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        with self.assertRaises(RuntimeError):  # torch's error for a damaged file, as for the other states
+            trainer._load_scaler(checkpoint)
+        self.assertEqual(trainer.accelerator.scaler.get_scale(), 1024.0)
 
     def test_resume_checkpoint_saved_with_disabled_scaler(self):
         # A disabled scaler has no state to save: an enabled one refuses to load its empty `state_dict()`
@@ -236,6 +257,7 @@ class TrainerResumeFp16Test(TestCasePlus):
     # In every CI run: the default optimizer, on CPU, resumed where the loss scale and its growth tracker matter. The
     # slow runs add the resume after a growth, gradient accumulation, the other optimizers and the accelerator.
     def test_resume_matches_uninterrupted_run(self):
+        """#34053's regression test: passes since #34932 restores the loss scaler, fails if that restore is lost."""
         self.check_parity("adamw_torch_fused", (1,), resume_points=("inside_overflow_streak", "before_scale_growth"))
 
     @parameterized.expand([("adamw_torch_fused",), ("adamw_torch",), ("sgd",)])
