@@ -44,18 +44,6 @@ class RecordSigtermHandler(TrainerCallback):
             raise self.exception
 
 
-class SigtermAtStepEnd(TrainerCallback):
-    """Sends this process SIGTERM at the end of the first training step numbered `step`."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            self.step = None
-            signal.raise_signal(signal.SIGTERM)
-
-
 class CallAtStepEnd(TrainerCallback):
     """Calls `function` at the end of the first training step numbered `step`."""
 
@@ -150,14 +138,19 @@ class JITCheckpointSignalTest(TestCasePlus):
     def test_late_sigterm_does_not_stop_the_next_training(self, fires):
         # SIGTERM in the last step: its timer (mocked, never started) requests a checkpoint as that training ends,
         # or would in the next training, unless cancelled
-        trainer = self.get_trainer([SigtermAtStepEnd(2)])
+        trainer = self.get_trainer([CallAtStepEnd(2, lambda: signal.raise_signal(signal.SIGTERM))])
         with mock.patch("threading.Timer") as timer:
             trainer.train()
             request_checkpoint = timer.call_args.args[1]
             if fires == "as_training_ends":
                 request_checkpoint()
             else:
-                trainer.add_callback(CallAtStepEnd(1, lambda: timer.return_value.cancel.called or request_checkpoint()))
+
+                def fire():  # unless cancelled, as `threading.Timer` does
+                    if not timer.return_value.cancel.called:
+                        request_checkpoint()
+
+                trainer.add_callback(CallAtStepEnd(1, fire))
             trainer.train()
         self.assertEqual(trainer.state.global_step, 2)
 
