@@ -48,7 +48,7 @@ class DecoratedTest(unittest.TestCase):
     "the decorator runs the test in this process",
 )
 class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
-    def check_outcome(self, name, outcome, **environment):
+    def check_outcome(self, name, outcome, addopts=""):
         """Calls the decorated test `name` as pytest would; it raises `outcome`, whose reason is returned."""
         path = os.path.join(self.get_auto_remove_tmp_dir(), "test_decorated.py")
         with open(path, "w", encoding="utf-8") as f:
@@ -56,20 +56,26 @@ class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
         spec = importlib.util.spec_from_file_location("test_decorated", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        # The decorator reruns, in a pytest subprocess, the test that pytest says is running: this one of the file
-        environment["PYTEST_CURRENT_TEST"] = f"{path}::DecoratedTest::{name} (call)"
+        environment = {
+            # The decorator reruns, in a pytest subprocess, the test that pytest says is running: this one of the file
+            "PYTEST_CURRENT_TEST": f"{path}::DecoratedTest::{name} (call)",
+            # The subprocess's options, and no plugin it does not ask for (a cheaper start)
+            "PYTEST_ADDOPTS": addopts,
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        }
         temporary_folder = self.get_auto_remove_tmp_dir()
         with mock.patch.dict(os.environ, environment), mock.patch.object(tempfile, "tempdir", temporary_folder):
-            with self.assertRaises(outcome) as raised:
+            # Either, so that the wrong one fails this test instead of skipping it
+            with self.assertRaises((pytest.skip.Exception, pytest.xfail.Exception)) as raised:
                 getattr(module.DecoratedTest(name), name)()
+        self.assertIsInstance(raised.exception, outcome)
         # Nothing of the decorator's is left behind
         self.assertEqual(os.listdir(temporary_folder), [])
         return raised.exception.msg
 
     def test_skipped(self):
-        # Whatever plugins the subprocess runs with
-        addopts = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:junitxml"
-        reason = self.check_outcome("test_skipped", pytest.skip.Exception, PYTEST_ADDOPTS=addopts)
+        # Also without the JUnit XML plugin
+        reason = self.check_outcome("test_skipped", pytest.skip.Exception, addopts="-p no:junitxml")
         # Where the test was skipped, in the subprocess
         line = DECORATED_TESTS.splitlines().index('        self.skipTest("skipped in the subprocess")') + 1
         self.assertTrue(reason.endswith(f"test_decorated.py:{line}: skipped in the subprocess"), reason)
