@@ -131,6 +131,7 @@ def _parity_test_class():
     sys.path.insert(0, os.path.dirname(path))  # the test module's sibling imports
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     parity = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = parity
     spec.loader.exec_module(parity)
 
     class TestParityInSameProcess(getattr(parity, class_name)):
@@ -173,6 +174,8 @@ def _parity_test_class():
             COMPARISONS.clear()
             super().tearDown()
 
+    # TestCasePlus finds the repository's root from the file of the test's class: the parity test's, not this copy's
+    TestParityInSameProcess.__module__ = parity.__name__
     return TestParityInSameProcess
 
 
