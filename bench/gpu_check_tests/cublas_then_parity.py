@@ -61,13 +61,16 @@ def state():
 
 def max_abs_diff(actual, expected):
     """The largest absolute difference between two nested records (inf where their structure, shape or a non-number
-    value differs, or a NaN is involved); 0.0 means equal everywhere."""
+    value differs, or a NaN or an infinity is in one only); 0.0 means equal everywhere (infinities and NaNs in the same
+    places included)."""
     if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor):
         if actual.shape != expected.shape:
             return math.inf
         if actual.numel() == 0:
             return 0.0
-        diff = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
+        a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+        # equal values differ by 0, infinities and NaNs in the same places included (an overflow's inf grad norm)
+        diff = torch.where((a == e) | (a.isnan() & e.isnan()), 0.0, (a - e).abs())
         return math.inf if bool(diff.isnan().any()) else float(diff.max())
     if isinstance(actual, Mapping) and isinstance(expected, Mapping):
         if set(actual) != set(expected):
@@ -78,7 +81,10 @@ def max_abs_diff(actual, expected):
             return math.inf
         return max((max_abs_diff(a, e) for a, e in zip(actual, expected)), default=0.0)
     if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
-        diff = abs(float(actual) - float(expected))
+        a, e = float(actual), float(expected)
+        if a == e or (math.isnan(a) and math.isnan(e)):
+            return 0.0
+        diff = abs(a - e)
         return math.inf if math.isnan(diff) else diff
     return 0.0 if actual == expected else math.inf
 

@@ -391,6 +391,12 @@ def test_max_abs_diff_of_nested_records():
     assert max_abs_diff({"a": record["a"]}, record) == float("inf")
     assert max_abs_diff({**record, "b": [(0.1, 2)]}, record) == float("inf")
     assert max_abs_diff("x", "y") == float("inf")
+    # An overflow's inf grad norm (and a NaN) in the same places on both sides is no difference; in one only, it is
+    inf, nan = float("inf"), float("nan")
+    assert max_abs_diff([torch.tensor([1.0, inf, nan]), inf, nan], [torch.tensor([1.0, inf, nan]), inf, nan]) == 0.0
+    assert max_abs_diff(torch.tensor([1.0, inf]), torch.tensor([1.0, 2.0])) == inf
+    assert max_abs_diff(inf, 2.0) == inf
+    assert max_abs_diff(nan, 2.0) == inf
 
 
 @without_cuda
