@@ -370,7 +370,8 @@ def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup,
     write(  # a stand-in for bench/gpu_check.py: its summary file and exit status, as the real one writes them
         root / "bench/gpu_check.py",
         "import pathlib, sys\nout = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\nout.mkdir(parents=True)\n"
-        "(out / 'gpu_check.txt').write_text('parity: passed, bit-exact\\n')\n",
+        "(out / 'gpu_check.txt').write_text('gpu_check 2026-12-04  exit 0\\npython 3.12.3  torch 2.11.0+cu130 (abc)  '\n"
+        "'GPU NVIDIA H200  pytest 9.1.1\\nparity: passed (expected)\\n  passed  tests/x.py::T::t (1 s)\\n')\n",
     )
     text = root / "dist/03-moves-tests/PR_DESCRIPTION.md"
     # The line that `make check` wants in each description whose change has a CUDA-only path (texts.py)
@@ -379,7 +380,7 @@ def test_with_cuda_the_gpu_check_summary_replaces_the_placeholder_in_dist(setup,
     assert open_(root, clone, "--pr", "moves-tests") == 0
     assert "GPU                       passed" in table_of(capsys.readouterr().out, "moves-tests")
     assert text.read_text(encoding="utf-8") == (
-        "On CPU in-process.\nOn a GPU, `bench/gpu_check.py` passed: parity: passed, bit-exact\n"
+        "On CPU in-process.\nRun on a GPU (NVIDIA H200, torch 2.11.0+cu130): parity: passed (expected).\n"
     )
 
 

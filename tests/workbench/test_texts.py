@@ -207,7 +207,8 @@ def test_a_description_whose_change_has_a_cuda_only_path_says_it_was_not_run_on_
     write_text(project / "docs/pr/trainer-x.md", text)
     assert problems(project) == [
         "docs/pr/trainer-x.md: its change has a CUDA-only path (a host read on CUDA): say so on a line of its own, "
-        f"{texts.NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result)"
+        f"{texts.NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result), or what it did on a GPU, "
+        f"on a line starting {texts.RAN_ON_GPU!r}"
     ]
     said = text.replace("(#34053).\n", f"(#34053).\n{texts.NOT_RUN_ON_GPU}\n")
     write_text(project / "docs/pr/trainer-x.md", said)
@@ -215,6 +216,12 @@ def test_a_description_whose_change_has_a_cuda_only_path_says_it_was_not_run_on_
     assert texts.word_count(said) == texts.word_count(text)  # the line is not prose: the limit does not count it
     write_text(project / "docs/pr/trainer-x.md", said.replace(f"\n{texts.NOT_RUN_ON_GPU}", f" {texts.NOT_RUN_ON_GPU}"))
     assert len(problems(project)) == 1  # within a paragraph it is not the line that the GPU check replaces
+    ran = text.replace(
+        "(#34053).\n", f"(#34053).\n{texts.RAN_ON_GPU} (one NVIDIA H200): the accelerator variant passed.\n"
+    )
+    write_text(project / "docs/pr/trainer-x.md", ran)
+    assert problems(project) == []  # once it ran, what it did there, on a line of its own
+    assert texts.word_count(ran) == texts.word_count(text)
     write(project / "patches/stack.json", json.dumps([pr]))
     write_text(project / "docs/pr/trainer-x.md", text)
     assert problems(project) == []  # no CUDA-only path: no line

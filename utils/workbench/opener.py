@@ -57,7 +57,7 @@ from .project import Project, Upstream
 from .series import apply_patches
 from .sources import build_stock, stock_dir
 from .stack import GUARD_PLUGIN, PR, UTILS, changed_files, dependencies, load_stack, prs_of, remove_fix, stack_problems
-from .texts import NOT_RUN_ON_GPU
+from .texts import NOT_RUN_ON_GPU, RAN_ON_GPU
 
 
 # Upstream's own tests that run on the base and on the branches, per upstream (`--suite` chooses others).
@@ -561,6 +561,18 @@ def has_cuda(python: Path) -> bool:
     return subprocess.run([str(python), "-c", code], capture_output=True).returncode == 0
 
 
+def gpu_sentence(summary: str) -> str:
+    """The line that replaces a description's GPU_PLACEHOLDER: the GPU, torch and each part's outcome of the check's
+    summary (`bench/gpu_check.txt`), in words upstream reads (no path or name of the workbench)."""
+    where = ", ".join(
+        f"{what} {m.group(1)}" if what == "torch" else m.group(1)
+        for what, pattern in (("GPU", r"\bGPU (.+?)(?:  |$)"), ("torch", r"\btorch (\S+)"))
+        if (m := re.search(pattern, summary, re.MULTILINE))
+    )
+    parts = [line for line in summary.splitlines() if re.match(r"[a-z_]+: ", line)]
+    return f"{RAN_ON_GPU}{f' ({where})' if where else ''}: " + "; ".join(parts) + "."
+
+
 def gpu_check(project: Project, tree: Path, prs: list[PR]) -> tuple[str, bool | None]:
     """bench/gpu_check.py on the branch's sources: (summary, passed), passed None where it did not run."""
     python = project.venv / "bin" / "python"
@@ -581,9 +593,7 @@ def gpu_check(project: Project, tree: Path, prs: list[PR]) -> tuple[str, bool | 
     passed = proc.returncode == 0
     print(summary, flush=True)
     dist = project.root / "dist"
-    sentence = f"On a GPU, `bench/gpu_check.py` {'passed' if passed else 'FAILED'}: " + " ".join(
-        summary.splitlines()[:3]
-    )
+    sentence = gpu_sentence(summary)
     for pr in prs:
         text = dist / pr.folder / "PR_DESCRIPTION.md"
         if text.is_file() and GPU_PLACEHOLDER in text.read_text(encoding="utf-8"):

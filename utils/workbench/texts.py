@@ -52,6 +52,16 @@ POLICY_URL = "https://github.com/huggingface/transformers/blob/main/CONTRIBUTING
 # The line, on its own, of every description whose change has a CUDA-only path (``cuda_only`` in patches/stack.json),
 # until `make open`'s GPU check replaces it in dist/ with its result. Not prose: the word limit does not count it.
 NOT_RUN_ON_GPU = "The CUDA-only path of this change has not been run on a GPU."
+# ... or, once it ran, a line of its own that starts with these words and says where and what came out (its evidence in
+# the claims file, like any other claim); not counted as prose either.
+RAN_ON_GPU = "Run on a GPU"
+
+
+def gpu_line(line: str) -> bool:
+    """Whether a line (stripped) says that the CUDA-only path has not run on a GPU, or what it did there."""
+    return line == NOT_RUN_ON_GPU or line.startswith(RAN_ON_GPU)
+
+
 # An absolute path of the machine a claim was checked on (evidence names paths relative to the repository or as
 # <placeholders>).
 MACHINE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/(?:tmp|home|work|root|Users|mnt|var|opt|srv|private|scratch))/")
@@ -221,8 +231,9 @@ def prose(text: str) -> str:
 
 
 def word_count(text: str) -> int:
-    """Prose words (see ``prose``; the ``NOT_RUN_ON_GPU`` line is not prose); a link counts as its text."""
-    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose(text).replace(NOT_RUN_ON_GPU, ""))
+    """Prose words (see ``prose``; the GPU line, ``gpu_line``, is not prose); a link counts as its text."""
+    body = "\n".join(line for line in prose(text).splitlines() if not gpu_line(line.strip()))
+    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", body)
     return len(WORD.findall(body))
 
 
@@ -427,10 +438,11 @@ def text_problems(project: Project) -> list[str]:
                 problems.append(f"{rel}: cites {repo}#{number}, which is not in {REFERENCES} (look it up first)")
         if text.kind == "pr":
             problems += template_problems(rel, body, text.upstream)
-        if text.path.resolve() in cuda_only and NOT_RUN_ON_GPU not in (line.strip() for line in body.splitlines()):
+        if text.path.resolve() in cuda_only and not any(gpu_line(line.strip()) for line in body.splitlines()):
             problems.append(
                 f"{rel}: its change has a CUDA-only path ({cuda_only[text.path.resolve()]}): say so on a line of its "
-                f"own, {NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result)"
+                f"own, {NOT_RUN_ON_GPU!r} (`make open`'s GPU check replaces it with its result), or what it did on "
+                f"a GPU, on a line starting {RAN_ON_GPU!r}"
             )
         problems += claims_problems(project, text.path, body)
     return problems + orphan_claims(project) + missing_comments(project)
