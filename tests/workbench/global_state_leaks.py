@@ -1,9 +1,11 @@
 """A synthetic suite for the global-state guard (utils/pytest_global_state.py), copied as a test module by
 test_pytest_global_state.py: one `test_leaks_*` test per kind of state the guard checks, each leaving exactly that
 changed; `test_clean_*` tests that leave nothing (a thread another test started ends during `test_clean_after`;
-modules are first imported in `test_clean_imports_a_backend` and `test_clean_first_imports_transformers`), and `test_not_checked_*` tests that change state the guard
-deliberately leaves alone (the global RNGs and warnings filters: see the README's Census section). A tool that blames a
-`test_clean_*` test raises a false alarm. Deterministic: the thread waits on an event, no sleeps."""
+modules are first imported in `test_clean_imports_a_backend` and `test_clean_first_imports_transformers`, and
+`test_leaks_verbosity` silences transformers after that import), `test_not_checked_*` tests that change state the guard
+deliberately leaves alone (the global RNGs, warnings filters, an `atexit` handler, a daemon thread: see the README's
+Census section), and a last test that checks that every setting a `test_leaks_*` test changed was put back. A tool that
+blames a `test_clean_*` test raises a false alarm. Deterministic: the thread waits on an event, no sleeps."""
 
 import atexit
 import colorsys
