@@ -72,6 +72,7 @@ import signal
 import socket
 import sys
 import threading
+import warnings
 from types import ModuleType
 
 import pytest
@@ -446,13 +447,15 @@ def namespace_changes() -> list[tuple[str, str, object]]:
     import is copied, not compared) and refreshes the copies of those that changed."""
     found = []
     for name, module in list(sys.modules.items()):
-        try:
-            namespace = module.__dict__ if isinstance(module, ModuleType) else None
-            module_before, copy = _NAMESPACES.get(name, (None, None))
-            if namespace is None or (module_before is module and namespace == copy):
+        namespace = module.__dict__ if isinstance(module, ModuleType) else None
+        module_before, copy = _NAMESPACES.get(name, (None, None))
+        if namespace is None:
+            continue
+        # By identity (not ==, which calls the values' __eq__: sympy's is slow, numpy's raises), in C; a name added or
+        # deleted shifts the values, and the attributes are compared one by one.
+        if module_before is module and len(namespace) == len(copy):
+            if all(map(operator.is_, namespace.values(), copy.values())):
                 continue
-        except Exception:  # noqa: BLE001, S110 - a value's __eq__ may raise (arrays): compare by identity below
-            pass
         if module_before is module and not _own_module(name):
             for attribute, value in copy.items():
                 now = namespace.get(attribute, copy)  # the copy itself: deleted
@@ -568,6 +571,15 @@ def _check(item) -> None:
             before["log levels"][name] = level
             before["logging handlers"][name] = handlers
     changed = changes(before, snapshot())
+    fixed = ("multiprocessing start method", f"None -> {multiprocessing.get_all_start_methods()[0]!r}")
+    if fixed in changed:
+        # Unset to the platform's default: any use of the default context does it once per process, first of all
+        # tqdm's first progress bar (its lock); put back and said, not the test's error.
+        changed.remove(fixed)
+        multiprocessing.set_start_method(None, force=True)
+        warnings.warn(
+            pytest.PytestWarning(f"{item.nodeid}: {fixed[0]} fixed to the platform's default ({fixed[1]}, put back)")
+        )
     replaced = namespace_changes()
     changed += [
         (f"module attribute: {module}.{attribute}", f"{_describe(value)} -> {now}")

@@ -232,9 +232,10 @@ def test_each_leak_is_charged_to_its_test_and_no_clean_test_is_blamed(tmp_path, 
     tests = re.findall(r"^def (test_\w+)", source, re.MULTILINE)
     errors = set(re.findall(r"^ERROR test_leaks\.py::(\w+)", out, re.MULTILINE))
     assert errors == {test for test in tests if test.startswith("test_leaks_")}, out
-    assert f"{len(tests)} passed, {len(errors)} errors" in out, out
+    assert f"{len(tests)} passed, 1 warning, {len(errors)} errors" in out, out
     assert "non-daemon threads: started, still running: 'short-lived'" in out, out
     assert "logging handlers: root: added <StreamHandler" in out, out
+    assert "test_noted_start_method_fixed_to_the_default: multiprocessing start method fixed to the platform" in out
 
 
 @pytest.mark.parametrize("first", ["silences", "imports"])
