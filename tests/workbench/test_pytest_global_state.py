@@ -1,7 +1,8 @@
 """The global-state plugin (utils/pytest_global_state.py): a test that changes process-global state fails, and the
-next test of the worker starts clean; TF32 settings are read through the running torch's API, plugins' own signal
-handlers are not blamed on the test, and files left in the working directory are named: under two xdist workers, against
-the test that left them, never against the one running beside it."""
+next test of the worker starts clean (every kind of the synthetic suite, global_state_leaks.py); a change after a
+library's first import is the test's whichever test imports it first; TF32 settings are read through the running
+torch's API, plugins' own signal handlers are not blamed on the test, and files left in the working directory are
+named: under two xdist workers, against the test that left them, never against the one running beside it."""
 
 import importlib.util
 import os
