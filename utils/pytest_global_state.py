@@ -62,6 +62,7 @@ entry it reports (``{"left": what, "tests": [node id, ...]}``): what the census 
 import ctypes
 import faulthandler
 import gc
+import itertools
 import json
 import locale
 import logging
@@ -109,6 +110,7 @@ _AFTER_IMPORT = {}
 # pytest and its plugins, conftest files and test modules are not compared (their state is theirs), nor ``warnings``,
 # whose functions pytest's warnings plugin replaces and puts back around every test.
 _NAMESPACES = {}
+_LAST = {}  # sys.modules' values, their namespaces, sizes and values at the last comparison: its fast path
 # Set by pytest when a test fails (the interpreter's record of the last uncaught error), removed when one passes.
 IGNORED_ATTRIBUTES = {"sys.last_type", "sys.last_value", "sys.last_traceback", "sys.last_exc"}
 OWN_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet", "py", "pytest_global_state", "warnings")
@@ -445,6 +447,8 @@ def namespace_changes() -> list[tuple[str, str, object]]:
     before the test and holds no longer (replaced or deleted); other values (counters, caches filled on first use) are
     the library's own state. Compares every module's namespace with its copy from the end of the previous test (a first
     import is copied, not compared) and refreshes the copies of those that changed."""
+    if _unchanged():
+        return []
     found = []
     for name, module in list(sys.modules.items()):
         namespace = module.__dict__ if isinstance(module, ModuleType) else None
@@ -466,7 +470,29 @@ def namespace_changes() -> list[tuple[str, str, object]]:
                 if (callable(value) or isinstance(value, ModuleType)) and shown != _describe(value):
                     found.append((name, attribute, value, shown))
         _NAMESPACES[name] = (module, namespace.copy())
+    modules, namespaces = list(sys.modules.values()), []
+    for name, module in zip(list(sys.modules), modules):
+        # pytest's own (it rebinds some names around every test) as an empty namespace: compared one by one, they would
+        # make the fast path fail every time
+        own = name.partition(".")[0] in OWN_PACKAGES or name in _SESSION["test modules"] or name == "sys"
+        namespaces.append(module.__dict__ if isinstance(module, ModuleType) and not own else {})
+    _LAST.update(modules=modules, namespaces=namespaces, sizes=list(map(len, namespaces)))
+    _LAST["values"] = list(itertools.chain.from_iterable(map(dict.values, namespaces)))
     return found
+
+
+def _unchanged() -> bool:
+    """Whether no module was imported or removed, and no name rebound, since the last comparison (pytest's own modules
+    aside): one list of every namespace's values, compared in C, instead of a loop over the modules."""
+    namespaces = _LAST.get("namespaces")
+    if namespaces is None or list(sys.modules.values()) != _LAST["modules"]:
+        return False
+    if list(map(len, namespaces)) != _LAST["sizes"]:
+        return False
+    try:  # list equality tries identity first, in C; a value equal but not identical is taken as the same
+        return list(itertools.chain.from_iterable(map(dict.values, namespaces))) == _LAST["values"]
+    except Exception:  # noqa: BLE001 - a value's __eq__ may raise (arrays): compared one by one instead
+        return False
 
 
 class _AfterImport:
