@@ -6,9 +6,10 @@ the same pytest worker would inherit: torch's default dtype, deterministic-algor
 matmul precision (through the API the running torch uses: the ``fp32_precision`` settings where torch has them, the
 legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts and print options; the environment
 (``CUBLAS_WORKSPACE_CONFIG`` included) and the process's environment block where it differs from ``os.environ``
-(``os.putenv``), the signal handlers, the multiprocessing start method (unset included), the working directory, the
-files and folders at the top of the working directory (and of pytest's rootdir where it differs), ``sys.path``, the
-entries of ``sys.modules``, the levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch``
+(``os.putenv``), the signal handlers, the multiprocessing start method (fixed from unset to the platform's default:
+put back with a warning, not an error, since tqdm's first progress bar does it once per process), the working
+directory, the files and folders at the top of the working directory (and of pytest's rootdir where it differs),
+``sys.path``, the entries of ``sys.modules``, the levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch``
 loggers, ``logging.disable``'s level, the socket default timeout, the umask, the locale, whether faulthandler and the
 garbage collector are enabled, the collector's thresholds, the recursion limit, numpy's floating-point error handling,
 and the non-daemon threads alive. After the test's tear-down it takes another, and compares every module's functions,
