@@ -4,25 +4,37 @@
 ``utils/census.py`` for any test tree. Before each test's set-up it takes a snapshot of the state that another test of
 the same pytest worker would inherit: torch's default dtype, deterministic-algorithm flags, cuDNN flags, TF32 and
 matmul precision (through the API the running torch uses: the ``fp32_precision`` settings where torch has them, the
-legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts, the environment
-(``CUBLAS_WORKSPACE_CONFIG`` included), the signal handlers, the multiprocessing start method, the working directory,
-the files and folders at the top of the working directory (and of pytest's rootdir where it differs), ``sys.path``, the
-levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch`` loggers, ``logging.disable``'s level
-and the non-daemon threads alive. After the test's tear-down it takes another; any difference is an error of that
-test's tear-down, and the state is put back so that the next test starts clean (files left behind are named, not
-deleted; threads are left running).
+legacy ``allow_tf32`` flags otherwise), grad and anomaly modes, thread counts and print options; the environment
+(``CUBLAS_WORKSPACE_CONFIG`` included) and the process's environment block where it differs from ``os.environ``
+(``os.putenv``), the signal handlers, the multiprocessing start method (fixed from unset to the platform's default:
+put back with a warning, not an error, since tqdm's first progress bar does it once per process), the working
+directory, the files and folders at the top of the working directory (and of pytest's rootdir where it differs),
+``sys.path``, the entries of ``sys.modules``, the levels and handlers of the root, ``transformers``, ``accelerate`` and ``torch``
+loggers, ``logging.disable``'s level, the socket default timeout, the umask, the locale, whether faulthandler and the
+garbage collector are enabled, the collector's thresholds, the recursion limit, numpy's floating-point error handling,
+and the non-daemon threads alive. After the test's tear-down it takes another, and compares every module's functions,
+classes and submodules with a copy kept from the end of the previous test (a module's attribute replaced or deleted
+without undo). Any difference is an error of that test's tear-down, and the state is put back so that the next test
+starts clean, except what cannot be: files left behind are named, not deleted; threads are left running; torch's
+inter-op thread count can be set once per process.
 
 Only what the test did counts. A non-daemon thread is the test's when it was not alive before the set-up and still is
 after the tear-down: one that ends during a test (another test's, or a library's) is nobody's change. A library's
 logger that the library configures when it is first imported (``transformers`` sets its level and adds its handler)
-is not compared in a test during which that library was first imported; a module's first import changes nothing else
-the snapshot holds (``import torch.backends.xnnpack`` is not a change). The handlers pytest's log capture adds to the
-root logger around each phase are pytest's.
+is compared, in the test that first imports it, with its state right after that import (a meta path finder notes it
+when the library's ``__init__`` has run), so a change made after the import is the test's whichever test imports
+first; a module's first import changes nothing else the snapshot holds (``import torch.backends.xnnpack`` is not a
+change; a module imported for the first time is copied, not compared). A module attribute counts only when it held a
+function, class, module or other callable and now holds something under another name (torch rewraps some functions
+lazily under their own name; counters and caches are a library's own state); pytest's, its plugins', conftest files',
+test modules' and ``warnings``' namespaces (pytest's warnings plugin swaps its functions around every test) are not
+compared. The handlers pytest's log capture adds to the root logger around each phase are pytest's.
 
 Not checked, deliberately (the README's Census section has the measurements): the global random generators
 (``random``, numpy's, torch's), which a third of upstream's ``tests/trainer`` tests advance or seed, none wrongly (the
 test that suffers reads one unseeded, and a comparison cannot name it); ``warnings.filters``, which pytest's warnings
-plugin puts back after every test itself; daemon threads (tqdm's monitor), which do not keep the process alive.
+plugin puts back after every test itself; daemon threads (tqdm's monitor), which do not keep the process alive and
+cannot be stopped; ``atexit`` handlers, which Python gives no way to list, so none to put back.
 
 A setting whose getter raises is recorded as such (and reported if that changes), never a crash of the snapshot. A
 signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
@@ -48,14 +60,22 @@ one per worker after collection (``{"collected": N, "folders": {label: path}}``)
 entry it reports (``{"left": what, "tests": [node id, ...]}``): what the census reads.
 """
 
+import ctypes
+import faulthandler
+import gc
+import itertools
 import json
+import locale
 import logging
 import multiprocessing
 import operator
 import os
 import signal
+import socket
 import sys
 import threading
+import warnings
+from types import ModuleType
 
 import pytest
 
@@ -84,13 +104,27 @@ CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link"
 LEFT = "left behind"
 LOGGERS = ["", "transformers", "accelerate", "torch"]  # "" is the root logger
 IMPORTED = "imported"  # a snapshot's record of which of LOGGERS' libraries were imported: compared, never reported
+# Each library's logger (level, handlers) right after its first import in this process (_AfterImport): what a test that
+# imports the library first is compared against.
+_AFTER_IMPORT = {}
+# Module name -> (module, copy of its namespace), kept from test to test and refreshed where a test changed it; modules of
+# pytest and its plugins, conftest files and test modules are not compared (their state is theirs), nor ``warnings``,
+# whose functions pytest's warnings plugin replaces and puts back around every test.
+_NAMESPACES = {}
+_LAST = {}  # sys.modules' values, their namespaces, sizes and values at the last comparison: its fast path
+# Set by pytest when a test fails (the interpreter's record of the last uncaught error), removed when one passes.
+IGNORED_ATTRIBUTES = {"sys.last_type", "sys.last_value", "sys.last_traceback", "sys.last_exc"}
+OWN_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet", "py", "pytest_global_state", "warnings")
+C_UNSET = "<unset>"
 PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
 # shared: an xdist worker beside others; made: what this process created during the current test (its audit hook).
 # On the controller, charged: the entries a worker charged to a test; seen: for each other new entry, the tests that saw
 # it appear; left: (what, tests) for each entry it reports.
 _SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": set()}
-_SESSION.update(charged=set(), seen={}, left=[])
+_SESSION.update(
+    charged=set(), seen={}, left=[], libraries={name for name in LOGGERS if name}, **{"test modules": set()}
+)
 _AUDITING = []
 
 
@@ -128,13 +162,54 @@ def _precision(torch) -> list:
     return [(f"torch.backends.{path}", *_attribute(torch.backends, path)) for path in paths]
 
 
+def _umask() -> int:
+    try:  # Linux >= 4.7: read without setting it, even for an instant
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def _enable_faulthandler(enabled: bool) -> None:
+    if enabled:  # pytest's faulthandler plugin writes to a copy of stderr's descriptor; its number is not public
+        faulthandler.enable(file=sys.__stderr__)
+    else:
+        faulthandler.disable()
+
+
+def _settings() -> list:
+    """(name, getter, setter) of each setting outside torch; numpy's error handling where numpy is imported."""
+    settings = [
+        (
+            "multiprocessing start method",
+            lambda: multiprocessing.get_start_method(allow_none=True),
+            lambda v: multiprocessing.set_start_method(v, force=True),  # None, forced: unset again
+        ),
+        ("socket default timeout", socket.getdefaulttimeout, socket.setdefaulttimeout),
+        ("umask", _umask, os.umask),
+        ("locale", lambda: locale.setlocale(locale.LC_ALL), lambda v: locale.setlocale(locale.LC_ALL, v)),
+        ("faulthandler enabled", faulthandler.is_enabled, _enable_faulthandler),
+        ("gc enabled", gc.isenabled, lambda v: gc.enable() if v else gc.disable()),
+        ("gc thresholds", gc.get_threshold, lambda v: gc.set_threshold(*v)),
+        ("recursion limit", sys.getrecursionlimit, sys.setrecursionlimit),
+    ]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "geterr"):
+        settings.append(("numpy floating-point error handling", numpy.geterr, lambda v: numpy.seterr(**v)))
+    return settings
+
+
 def _flags():
-    """(name, getter, setter) for each torch setting of the snapshot, in the order they are put back; none when torch
-    is not imported."""
+    """(name, getter, setter) for each setting of the snapshot read through a getter, in the order they are put back;
+    torch's when torch is imported."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return []
+    if torch is None or not hasattr(torch, "backends"):
+        return _settings()
     cudnn = torch.backends.cudnn
+    # What torch.set_printoptions writes (torch has no getter): a copy of the object's attributes.
+    print_options = getattr(getattr(torch, "_tensor_str", None), "PRINT_OPTS", None)
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled
     return [
         ("torch default dtype", torch.get_default_dtype, torch.set_default_dtype),
@@ -156,6 +231,8 @@ def _flags():
         ("torch grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
         ("torch anomaly detection", torch.is_anomaly_enabled, torch.set_anomaly_enabled),
         ("torch intra-op threads", torch.get_num_threads, torch.set_num_threads),
+        ("torch print options", lambda: dict(vars(print_options)), lambda v: vars(print_options).update(v)),
+        *_settings(),
     ]
 
 
@@ -167,13 +244,42 @@ def _entries(folder: str) -> list[str]:
         return [repr(Unreadable(error))]
 
 
+def _c_environ():
+    """The process's own environment block (``environ``), as ``os.putenv`` and C code change it; None where the C
+    library does not export it."""
+    try:
+        return ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+_ENVIRON = _c_environ()
+
+
+def _putenv_only() -> dict:
+    """The variables where the process's environment block differs from ``os.environ`` (``os.putenv`` or
+    ``os.unsetenv`` without ``os.environ``): name -> the block's value, or C_UNSET."""
+    if _ENVIRON is None or not _ENVIRON:
+        return {}
+    block, index = {}, 0
+    while (entry := _ENVIRON[index]) is not None:
+        name, _, value = os.fsdecode(entry).partition("=")
+        block.setdefault(name, value)
+        index += 1
+    python = os.environ
+    found = {k: v for k, v in block.items() if python.get(k) != v and k not in IGNORED_ENVIRONMENT}
+    found.update((k, C_UNSET) for k in python.keys() - block.keys() - IGNORED_ENVIRONMENT)
+    return found
+
+
 def snapshot() -> dict:
     state = {name: _read(get) for name, get, _ in _flags()}
     if "torch" in sys.modules:
         state["torch inter-op threads"] = _read(sys.modules["torch"].get_num_interop_threads)
     state["environment"] = {k: v for k, v in os.environ.items() if k not in IGNORED_ENVIRONMENT}
+    state["environment block, not os.environ"] = _putenv_only()
     state["signal handlers"] = {signal.Signals(s).name: signal.getsignal(s) for s in SIGNALS}
-    state["multiprocessing start method"] = multiprocessing.get_start_method(allow_none=True)
+    state["sys.modules"] = dict(sys.modules)
     state["working directory"] = os.getcwd()
     for label, folder in _SESSION["folders"].items():
         state[label] = _entries(folder)
@@ -243,14 +349,18 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
         old, new = before[key], after.get(key)
         if old == new or key == IMPORTED:
             continue
-        if key == "multiprocessing start method" and old is None and new == multiprocessing.get_all_start_methods()[0]:
-            continue  # asking for the start method fixes it to the platform's default: nothing changed
         if key in _SESSION["folders"]:
             found += [(f"{key}: {name}", LEFT) for name in sorted(set(new) - set(old))]
         elif key == "non-daemon threads":
             started = [thread.name for thread in new if thread not in old]  # one that ended is not a change
             if started:
                 found.append((key, "started, still running: " + ", ".join(map(repr, started))))
+        elif key == "sys.modules":
+            # A module imported for the first time is not a change; one replaced or removed is.
+            for name, module in old.items():
+                if new.get(name) is not module:
+                    how = "removed" if name not in new else f"replaced by {new[name]!r}"
+                    found.append((f"{key}: {name}", how))
         elif key == "sys.path":
             # Entries added or removed; not an entry that is already there put in front again (pytest's rootdir and
             # test folders, ``python -m``'s working directory), which made clean tests fail in the workbench's level runs.
@@ -266,6 +376,11 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
                 how = "; ".join(_added_and_removed(old[name], [h for h in old[name] if h in new[name]] + added))
                 if how:
                     found.append((f"{key}: {name}", how))
+        elif key == "environment block, not os.environ":
+            for k in sorted(old.keys() | new.keys()):
+                was, now = old.get(k, "as in os.environ"), new.get(k, "as in os.environ")
+                if was != now:
+                    found.append((f"{key}: {k}", f"{was!r} -> {now!r}"))
         elif isinstance(old, dict):
             for k in sorted(old.keys() | new.keys()):
                 was, now = old.get(k, "<unset>"), new.get(k, "<unset>")
@@ -282,9 +397,11 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
 
 def restore(before: dict, changed: list[tuple[str, str]]) -> None:
     """Puts back what changed and can be put back (not threads, files or the inter-op thread count)."""
+    reported = {what for what, _ in changed}
+    kinds = {what.partition(": ")[0] for what in reported}
     for name, _, set_value in _flags():
         value = before.get(name)
-        if name not in before or isinstance(value, Unreadable):
+        if name not in kinds or isinstance(value, Unreadable):
             continue
         try:
             set_value(value)
@@ -292,8 +409,14 @@ def restore(before: dict, changed: list[tuple[str, str]]) -> None:
             pass
     for name in set(os.environ) - set(before["environment"]) - IGNORED_ENVIRONMENT:
         del os.environ[name]
-    os.environ.update(before["environment"])
-    reported = {what for what, _ in changed}
+    os.environ.update(before["environment"])  # writes each variable through to the environment block too
+    for what in reported:
+        kind, _, name = what.partition(": ")
+        if kind == "environment block, not os.environ":
+            value = before[kind].get(name, os.environ.get(name, C_UNSET))
+            os.unsetenv(name) if value == C_UNSET else os.putenv(name, value)
+        elif kind == "sys.modules":
+            sys.modules[name] = before[kind][name]
     for name, handler in before["signal handlers"].items():
         if handler is not None and f"signal handlers: {name}" in reported:
             signal.signal(signal.Signals[name], handler)
@@ -313,6 +436,98 @@ def restore(before: dict, changed: list[tuple[str, str]]) -> None:
                     logger.removeHandler(handler)
             for handler in handlers:
                 logger.addHandler(handler)  # does nothing for a handler still there
+
+
+def _own_module(name: str) -> bool:
+    """Whether a module's state is pytest's, a plugin's or the tests' own (conftest files and test modules)."""
+    return name.partition(".")[0] in OWN_PACKAGES or name in _SESSION["test modules"] or _plugins_own(name)
+
+
+def namespace_changes() -> list[tuple[str, str, object]]:
+    """(module, attribute, its value before, what it is now) for each function, class, module or other callable that a module held
+    before the test and holds no longer (replaced or deleted); other values (counters, caches filled on first use) are
+    the library's own state. Compares every module's namespace with its copy from the end of the previous test (a first
+    import is copied, not compared) and refreshes the copies of those that changed."""
+    if _unchanged():
+        return []
+    found = []
+    for name, module in list(sys.modules.items()):
+        namespace = module.__dict__ if isinstance(module, ModuleType) else None
+        module_before, copy = _NAMESPACES.get(name, (None, None))
+        if namespace is None:
+            continue
+        # By identity (not ==, which calls the values' __eq__: sympy's is slow, numpy's raises), in C; a name added or
+        # deleted shifts the values, and the attributes are compared one by one.
+        if module_before is module and len(namespace) == len(copy):
+            if all(map(operator.is_, namespace.values(), copy.values())):
+                continue
+        if module_before is module and not _own_module(name):
+            for attribute, value in copy.items():
+                now = namespace.get(attribute, copy)  # the copy itself: deleted
+                if now is value or f"{name}.{attribute}" in IGNORED_ATTRIBUTES:
+                    continue
+                shown = "deleted" if now is copy else _describe(now)
+                # A function wrapped again under its own name (torch rebinds some lazily) is the library's doing.
+                if (callable(value) or isinstance(value, ModuleType)) and shown != _describe(value):
+                    found.append((name, attribute, value, shown))
+        _NAMESPACES[name] = (module, namespace.copy())
+    modules, namespaces = list(sys.modules.values()), []
+    for name, module in zip(list(sys.modules), modules):
+        # pytest's own (it rebinds some names around every test) as an empty namespace: compared one by one, they would
+        # make the fast path fail every time
+        own = name.partition(".")[0] in OWN_PACKAGES or name in _SESSION["test modules"] or name == "sys"
+        namespaces.append(module.__dict__ if isinstance(module, ModuleType) and not own else {})
+    _LAST.update(modules=modules, namespaces=namespaces, sizes=list(map(len, namespaces)))
+    _LAST["values"] = list(itertools.chain.from_iterable(map(dict.values, namespaces)))
+    return found
+
+
+def _unchanged() -> bool:
+    """Whether no module was imported or removed, and no name rebound, since the last comparison (pytest's own modules
+    aside): one list of every namespace's values, compared in C, instead of a loop over the modules."""
+    namespaces = _LAST.get("namespaces")
+    if namespaces is None or list(sys.modules.values()) != _LAST["modules"]:
+        return False
+    if list(map(len, namespaces)) != _LAST["sizes"]:
+        return False
+    try:  # list equality tries identity first, in C; a value equal but not identical is taken as the same
+        return list(itertools.chain.from_iterable(map(dict.values, namespaces))) == _LAST["values"]
+    except Exception:  # noqa: BLE001 - a value's __eq__ may raise (arrays): compared one by one instead
+        return False
+
+
+class _AfterImport:
+    """A meta path finder that only watches: it runs the import of each library of LOGGERS through the finders after
+    it, and notes the library's logger (level, handlers) when the module's code has run (its import configured it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _SESSION["libraries"] or name in sys.modules:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None or isinstance(loader, type):  # a class: its method is not this import's to wrap
+            return spec
+
+        def run(module):
+            try:
+                exec_module(module)
+            finally:
+                vars(loader).pop("exec_module", None)
+                logger = logging.getLogger(name)
+                _AFTER_IMPORT[name] = (logger.level, list(logger.handlers))
+
+        try:
+            loader.exec_module = run
+        except (AttributeError, TypeError):
+            pass
+        return spec
 
 
 def _log(record: dict) -> None:
@@ -343,9 +558,18 @@ def pytest_configure(config):
     if _SESSION["shared"] and not _AUDITING:
         sys.addaudithook(_note_made)  # cannot be removed: installed once per process
         _AUDITING.append(True)
+    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+def pytest_unconfigure(config):
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _AfterImport)]
 
 
 def pytest_collection_finish(session):
+    modules = {getattr(getattr(item, "module", None), "__name__", None) for item in session.items}
+    _SESSION["test modules"] = modules - {None}
+    namespace_changes()  # the copies every test is compared with
     _log({"collected": len(session.items), "folders": _SESSION["folders"]})
 
 
@@ -368,7 +592,26 @@ def _check(item) -> None:
     before = _SNAPSHOTS.pop(item.nodeid, None)
     if before is None:
         return
+    for name, (level, handlers) in _AFTER_IMPORT.items():
+        if not before[IMPORTED].get(name, True):  # first imported during the test: compared with the state right after
+            before[IMPORTED][name] = True
+            before["log levels"][name] = level
+            before["logging handlers"][name] = handlers
     changed = changes(before, snapshot())
+    fixed = ("multiprocessing start method", f"None -> {multiprocessing.get_all_start_methods()[0]!r}")
+    if fixed in changed:
+        # Unset to the platform's default: any use of the default context does it once per process, first of all
+        # tqdm's first progress bar (its lock); put back and said, not the test's error.
+        changed.remove(fixed)
+        multiprocessing.set_start_method(None, force=True)
+        warnings.warn(
+            pytest.PytestWarning(f"{item.nodeid}: {fixed[0]} fixed to the platform's default ({fixed[1]}, put back)")
+        )
+    replaced = namespace_changes()
+    changed += [
+        (f"module attribute: {module}.{attribute}", f"{_describe(value)} -> {now}")
+        for module, attribute, value, now in replaced
+    ]
     if _SESSION["shared"]:
         # New entries this process did not make may be another worker's: the controller decides (pytest_sessionfinish).
         files = [what for what, how in changed if how == LEFT]
@@ -380,6 +623,9 @@ def _check(item) -> None:
     _log({"test": item.nodeid, "changed": changed})
     if changed:
         restore(before, changed)
+        for module, attribute, value, _ in replaced:
+            setattr(sys.modules[module], attribute, value)
+        namespace_changes()  # refreshes the copies of the modules just put back
         raise AssertionError(
             f"{item.nodeid} left process-global state changed (put back for the next test):\n  "
             + "\n  ".join(f"{what}: {how}" for what, how in changed)

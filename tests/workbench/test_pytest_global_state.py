@@ -1,7 +1,8 @@
 """The global-state plugin (utils/pytest_global_state.py): a test that changes process-global state fails, and the
-next test of the worker starts clean; TF32 settings are read through the running torch's API, plugins' own signal
-handlers are not blamed on the test, and files left in the working directory are named: under two xdist workers, against
-the test that left them, never against the one running beside it."""
+next test of the worker starts clean (every kind of the synthetic suite, global_state_leaks.py); a change after a
+library's first import is the test's whichever test imports it first; TF32 settings are read through the running
+torch's API, plugins' own signal handlers are not blamed on the test, and files left in the working directory are
+named: under two xdist workers, against the test that left them, never against the one running beside it."""
 
 import importlib.util
 import os
@@ -166,6 +167,25 @@ def test_2_runs_beside_it():
 """
 
 
+# One test silences transformers' logger, another only imports transformers: whichever runs first imports it.
+SILENCES = """
+def test_silences_transformers():
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+"""
+IMPORTS = """
+def test_imports_transformers():
+    import transformers  # noqa: F401
+"""
+LEVEL_PUT_BACK = """
+def test_zz_level_put_back():
+    import logging
+
+    assert logging.getLogger("transformers").level != logging.ERROR
+"""
+
+
 def run_pytest(folder: Path, *args: str, **files: str) -> subprocess.CompletedProcess:
     for name, text in files.items():
         (folder / name.replace("__", ".")).write_text(text, encoding="utf-8")
@@ -213,9 +233,24 @@ def test_each_leak_is_charged_to_its_test_and_no_clean_test_is_blamed(tmp_path, 
     tests = re.findall(r"^def (test_\w+)", source, re.MULTILINE)
     errors = set(re.findall(r"^ERROR test_leaks\.py::(\w+)", out, re.MULTILINE))
     assert errors == {test for test in tests if test.startswith("test_leaks_")}, out
-    assert f"{len(tests)} passed, {len(errors)} errors" in out, out
+    assert f"{len(tests)} passed, 1 warning, {len(errors)} errors" in out, out
     assert "non-daemon threads: started, still running: 'short-lived'" in out, out
     assert "logging handlers: root: added <StreamHandler" in out, out
+    assert "test_noted_start_method_fixed_to_the_default: multiprocessing start method fixed to the platform" in out
+
+
+@pytest.mark.parametrize("first", ["silences", "imports"])
+def test_a_change_made_after_a_first_import_is_the_tests_whichever_test_imports_first(tmp_path, first):
+    """The logger a library configures on its first import is compared with its state right after that import: the
+    test that silences transformers is blamed whether or not it is the one that imports it first (as under `-n 2`, where
+    each worker's first import falls on another test), and the level is put back for the next test."""
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    tests = [SILENCES, IMPORTS] if first == "silences" else [IMPORTS, SILENCES]
+    out = run_pytest(tmp_path, test_first_import__py="".join(tests) + LEVEL_PUT_BACK).stdout
+    assert "3 passed, 1 error" in out, out
+    assert "ERROR at teardown of test_silences_transformers" in out, out
+    assert "log levels: transformers: 30 -> 40" in out, out
 
 
 @pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API")
