@@ -43,6 +43,29 @@ class DecoratedTest(unittest.TestCase):
 """
 
 
+def load_decorated_tests(folder):
+    """The module of `DECORATED_TESTS`, written to `folder`, and its path."""
+    path = os.path.join(folder, "test_decorated.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(DECORATED_TESTS)
+    spec = importlib.util.spec_from_file_location("test_decorated", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+class RunTestUsingSubprocessInProcessTest(TestCasePlus):
+    def test_outcomes_in_process(self):
+        """Where the decorator runs the test in this process (inside its subprocess), a skip or xfail stays one."""
+        module, _ = load_decorated_tests(self.get_auto_remove_tmp_dir())
+        for name, outcome in (("test_skipped", unittest.SkipTest), ("test_xfailed", pytest.xfail.Exception)):
+            with self.subTest(name), mock.patch.dict(os.environ, {"_INSIDE_SUB_PROCESS": "1"}):
+                os.environ.pop("_SUB_PROCESS_OUTCOME_FILE", None)  # no parent waits for the outcome
+                with self.assertRaises((unittest.SkipTest, pytest.skip.Exception, pytest.xfail.Exception)) as raised:
+                    getattr(module.DecoratedTest(name), name)()
+                self.assertIsInstance(raised.exception, outcome)
+
+
 @unittest.skipIf(
     os.getenv("_INSIDE_SUB_PROCESS") == "1" or torch_device in SINGLE_PROCESS_DEVICES,
     "the decorator runs the test in this process",
@@ -50,12 +73,7 @@ class DecoratedTest(unittest.TestCase):
 class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
     def check_outcome(self, name, outcome, addopts=""):
         """Calls the decorated test `name` as pytest would; it raises `outcome`, whose reason is returned."""
-        path = os.path.join(self.get_auto_remove_tmp_dir(), "test_decorated.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(DECORATED_TESTS)
-        spec = importlib.util.spec_from_file_location("test_decorated", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module, path = load_decorated_tests(self.get_auto_remove_tmp_dir())
         environment = {
             # The decorator reruns, in a pytest subprocess, the test that pytest says is running: this one of the file
             "PYTEST_CURRENT_TEST": f"{path}::DecoratedTest::{name} (call)",
@@ -68,6 +86,8 @@ class RunTestUsingSubprocessOutcomeTest(TestCasePlus):
             # Either, so that the wrong one fails this test instead of skipping it
             with self.assertRaises((pytest.skip.Exception, pytest.xfail.Exception)) as raised:
                 getattr(module.DecoratedTest(name), name)()
+            # The subprocess's variables stay out of this process's environment
+            self.assertNotIn("_SUB_PROCESS_OUTCOME_FILE", os.environ)
         self.assertIsInstance(raised.exception, outcome)
         # Nothing of the decorator's is left behind
         self.assertEqual(os.listdir(temporary_folder), [])
