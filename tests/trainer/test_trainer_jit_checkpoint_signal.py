@@ -188,7 +188,9 @@ class JITCheckpointSignalTest(TestCasePlus):
         trainer = self.get_trainer()
         callback = self.get_callback(trainer)
         callback.on_train_begin(trainer.args, trainer.state, trainer.control)
+        callback.jit_manager.is_checkpoint_requested = True  # a SIGTERM came before the restart
         callback.on_train_begin(trainer.args, trainer.state, trainer.control)
+        self.assertTrue(callback.jit_manager.is_checkpoint_requested)  # the restarted training still checkpoints
         callback.on_train_end(trainer.args, trainer.state, trainer.control)
         self.assertIs(signal.getsignal(signal.SIGTERM), original_sigterm_handler)
 
