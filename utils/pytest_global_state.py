@@ -340,6 +340,12 @@ def _added_and_removed(old: list, new: list) -> list[str]:
     ]
 
 
+def _first_imported_folders(old: dict, new: dict) -> tuple[str, ...]:
+    """The folders (with a trailing separator) of the packages in ``new`` that ``old`` did not hold."""
+    files = (getattr(module, "__file__", None) for name, module in new.items() if name not in old)
+    return tuple(os.path.dirname(f) + os.sep for f in files if f and os.path.basename(f) == "__init__.py")
+
+
 def changes(before: dict, after: dict) -> list[tuple[str, str]]:
     """(what changed, how) for each difference between two snapshots."""
     found = []
@@ -363,8 +369,11 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
                     found.append((f"{key}: {name}", how))
         elif key == "sys.path":
             # Entries added or removed; not an entry that is already there put in front again (pytest's rootdir and
-            # test folders, ``python -m``'s working directory), which made clean tests fail in the workbench's level runs.
-            how = "; ".join(_added_and_removed(old, new))
+            # test folders, ``python -m``'s working directory), which made clean tests fail in the workbench's level runs;
+            # nor one inside the folder of a package first imported during the test (setuptools adds its own
+            # ``_vendor`` on its first import, reached through ``torch.compile`` in upstream's tests/trainer).
+            imported = _first_imported_folders(before["sys.modules"], after["sys.modules"])
+            how = "; ".join(_added_and_removed(old, [x for x in new if x in old or not x.startswith(imported)]))
             if how:
                 found.append((key, how))
         elif key == "logging handlers":

@@ -306,6 +306,30 @@ def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch)
     ]
 
 
+def test_a_path_entry_a_package_adds_on_its_first_import_is_not_a_tests_leak(tmp_path, monkeypatch):
+    # As setuptools adds its `_vendor` folder on its first import (upstream's torch.compile test reaches it)
+    monkeypatch.syspath_prepend(str(UTILS))
+    import pytest_global_state
+
+    package = tmp_path / "vendoring_package"
+    (package / "_vendor").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import os, sys\nsys.path.append(os.path.join(os.path.dirname(__file__), '_vendor'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vendoring_package", raising=False)
+    before = pytest_global_state.snapshot()
+    importlib.import_module("vendoring_package")
+    assert pytest_global_state.changes(before, pytest_global_state.snapshot()) == []
+    sys.path.append(str(tmp_path / "elsewhere"))  # an entry of the test's own is still its change
+    assert pytest_global_state.changes(before, pytest_global_state.snapshot()) == [
+        ("sys.path", f"added {str(tmp_path / 'elsewhere')!r}")
+    ]
+    sys.path.remove(str(tmp_path / "elsewhere"))
+    sys.path.remove(str(package / "_vendor"))
+    del sys.modules["vendoring_package"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 def test_under_two_workers_a_folder_is_charged_to_the_test_that_left_it_not_to_the_one_beside_it(
     tmp_path, monkeypatch
