@@ -21,7 +21,9 @@ On CPU, Accelerate builds no `GradScaler` for fp16, so these tests give the Trai
 accelerator (`@slow`), the scaler is the one Accelerate builds for the device.
 """
 
+import datetime
 import os
+import pickle
 
 from parameterized import parameterized
 
@@ -194,25 +196,33 @@ class TrainerLoadScalerTest(TestCasePlus):
     @parameterized.expand([("missing", None), ("empty", {})])
     def test_resume_without_scaler_state(self, _, scaler_state):
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(1))
+        scaler.update(512.0)  # the scale the run goes on with, not the one it was built with, is named
         checkpoint, out = self.load_scaler({"fp16": True}, scaler, scaler_state)
-        self.assertEqual(scaler.get_scale(), 1024.0)
+        self.assertEqual(scaler.get_scale(), 512.0)
         self.assertIn(f"No loss scaler state in {checkpoint} (scaler.pt missing or empty): the fp16 loss scale", out)
-        self.assertIn("restarts at 1024.0, and the first updates may be skipped", out)
+        self.assertIn("restarts at 512.0, and the first updates may be skipped", out)
         out = self.load_scaler({"fp16": True}, torch.amp.GradScaler("cpu"), scaler_state, level=logging.WARNING)[1]
         self.assertEqual(out, "")
         if scaler_state is not None:  # loading leaves the checkpoint as it was
             self.assertEqual(torch.load(os.path.join(checkpoint, "scaler.pt")), scaler_state)
 
-    def test_resume_corrupt_scaler_state(self):
-        checkpoint = self.get_auto_remove_tmp_dir()
-        torch.save(torch.amp.GradScaler("cpu", init_scale=256.0).state_dict(), os.path.join(checkpoint, "scaler.pt"))
-        with open(os.path.join(checkpoint, "scaler.pt"), "r+b") as f:
-            f.truncate(os.path.getsize(f.name) // 2)
+    # torch's errors, as for the other states: a damaged file, and one holding more than tensors and plain values
+    # (loaded weights only, so its code never runs)
+    @parameterized.expand([("truncated", RuntimeError), ("not_weights_only", pickle.UnpicklingError)])
+    def test_resume_corrupt_scaler_state(self, damage, error):
+        path = os.path.join(self.get_auto_remove_tmp_dir(), "scaler.pt")
+        if damage == "truncated":
+            torch.save(torch.amp.GradScaler("cpu", init_scale=256.0).state_dict(), path)
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(f.name) // 2)
+        else:
+            torch.save({"scale": datetime.date(2026, 12, 4)}, path)
         args = TrainingArguments(self.get_auto_remove_tmp_dir(), use_cpu=True, report_to=[], fp16=True)
         trainer = Trainer(torch.nn.Linear(2, 2), args)
         trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-        with self.assertRaises(RuntimeError):  # torch's error for a damaged file, as for the other states
-            trainer._load_scaler(checkpoint)
+        with self.assertRaises(error):
+            trainer._load_scaler(os.path.dirname(path))
         self.assertEqual(trainer.accelerator.scaler.get_scale(), 1024.0)
 
     def test_resume_checkpoint_saved_with_disabled_scaler(self):
