@@ -339,6 +339,7 @@ def remove_fix(checkout: Path, pr: PR, base: str) -> str | None:
         if text.count(old) != 1:
             return f"PR {pr.name}: its mutation's text must occur once in {rel}, found {text.count(old)} times"
         path.write_text(text.replace(old, new), encoding="utf-8")
+        drop_bytecode(path)
         return None
     added, modified = changed_files(checkout, base, "HEAD")
     library = [f for f in added + modified if not f.startswith("tests/")]
@@ -351,7 +352,15 @@ def remove_fix(checkout: Path, pr: PR, base: str) -> str | None:
             (checkout / rel).unlink()
         else:
             git(checkout, "checkout", base, "--", rel)
+        drop_bytecode(checkout / rel)
     return None
+
+
+def drop_bytecode(path: Path) -> None:
+    """Removes the cached bytecode of ``path``: Python trusts it while the source keeps its size and its mtime's second,
+    so a fix undone within the second it was tested in, by a change of the same size, would still run."""
+    for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        cached.unlink()
 
 
 def run_level_tests(
