@@ -6,9 +6,11 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -1449,3 +1451,44 @@ def test_ctrl_c_in_check_changes_nothing(project, tmp_path, monkeypatch, capsys)
     )
     assert list((tmp_path / "tmp").iterdir()) == []
     assert sh(project, "git", "status", "--porcelain") == ""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the processes' states in /proc (Linux)")
+def test_ctrl_c_stops_a_test_run_quietly_its_workers_included(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while a level's pytest runs: pytest-xdist printed a traceback
+    when it landed as the workers stopped. The test run is in a session of its own, which SIGINT does not reach: the
+    check stops it and its workers, and only the check's one line is printed."""
+    pids = tmp_path / "pids"
+    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    run = (  # stands for pytest: it starts a worker, then would print a traceback on Ctrl-C
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('Traceback (the test run got Ctrl-C)')\n"
+    )
+    check = (  # stands for `make check`: the level's tests through run_tests, the command's Ctrl-C line
+        f"import sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
+        "from workbench.testenv import run_tests\n"
+        f"try:\n    run_tests([sys.executable, '-c', {run!r}])\n"
+        "except KeyboardInterrupt:\n    print('interrupted'); sys.exit(130)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", check], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    for _ in range(300):
+        if pids.exists() and len(pids.read_text(encoding="utf-8").split()) == 2:
+            break
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    assert (process.returncode, out.decode()) == (130, "interrupted\n")
+    assert not [pid for pid in map(int, pids.read_text(encoding="utf-8").split()) if running(pid)]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, nor a zombie (an orphan whose end init has not collected yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

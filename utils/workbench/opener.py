@@ -57,6 +57,7 @@ from .project import Project, Upstream
 from .series import apply_patches
 from .sources import build_stock, stock_dir
 from .stack import GUARD_PLUGIN, PR, UTILS, changed_files, dependencies, load_stack, prs_of, remove_fix, stack_problems
+from .testenv import run_tests
 from .texts import NOT_RUN_ON_GPU, RAN_ON_GPU
 
 
@@ -484,9 +485,7 @@ class Runner:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         with open(output, "w", encoding="utf-8") as out:
-            proc = subprocess.run(
-                cmd, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-            )
+            proc = run_tests(cmd, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)

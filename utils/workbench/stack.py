@@ -25,7 +25,7 @@ from .overlay import add_overlay, read_overlay, repo_path, under_roots
 from .project import Project, Upstream, read_json
 from .series import apply_patches, read_series
 from .sources import BASE_REF, create_pristine, obtain_sdist
-from .testenv import clean_test_env
+from .testenv import clean_test_env, run_tests
 
 
 # The workbench's pytest plugins (``pytest_global_state``) live in ``utils/``.
@@ -462,9 +462,9 @@ def _run_tests(project, upstream, checkout, prs, pr, tests, scratch, pytest_args
     started = time.monotonic()
     try:  # stream the output where there is a real terminal or log file, else (captured) print it afterwards
         sys.stdout.fileno()
-        proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL)
+        proc = run_tests(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL)
     except (AttributeError, OSError, ValueError):
-        proc = subprocess.run(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        proc = run_tests(cmd, cwd=checkout, env=env, stdin=subprocess.DEVNULL, capture=True)
         print(proc.stdout + proc.stderr, flush=True)
     seconds = f"{time.monotonic() - started:.0f} s"
     if without_fix:

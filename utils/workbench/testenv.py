@@ -13,7 +13,10 @@ sets on purpose (``make test`` exports ``RUN_SLOW`` and ``OMP_NUM_THREADS``; a G
 ``PYTHONPATH=utils`` (for the ``pytest_global_state`` plugin) and exits with pytest's status.
 """
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,6 +42,27 @@ def clean_test_env(environ=None, **settings: str) -> dict[str, str]:
     env.update({k: environ[k] for k in TEST_KNOBS if k in environ})
     env.update(settings)
     return env
+
+
+def run_tests(cmd: list[str], capture: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, **kwargs)`` (``capture``: its output as text) in a session of its own: Ctrl-C does not
+    reach the test run (pytest-xdist prints a traceback when it lands while its workers stop); on Ctrl-C this process
+    stops it, its workers included, and re-raises."""
+    if capture:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def main(argv: list[str]) -> int:
