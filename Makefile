@@ -48,7 +48,7 @@ test: export OMP_NUM_THREADS := 1
 test: export RUN_SLOW := 1
 # utils/testrun.py runs its 4 stages ([k/n] lines; all of them, also after a failure), then prints a summary.
 test: fork ## what CI runs: make check, then every test with the global-state plugin, then under upstream's pins
-	$(VPY) utils/testrun.py --pytest-args "$(PYTEST_ARGS)"
+	$(VPY) utils/testrun.py --pytest-args="$(PYTEST_ARGS)"
 
 repro: fork ## the #34053 scenarios, stock next to the fork: tables, build/repro/report.json and repro.png
 	$(VPY) utils/repro $(REPRO_ARGS)
@@ -58,7 +58,7 @@ upgrade: export OMP_NUM_THREADS := 1
 upgrade: export RUN_SLOW := 1
 upgrade: deps ## move the forks and the stack to new releases (the newest, or TRANSFORMERS=... ACCELERATE=...)
 	$(VPY) $(FORK) upgrade $(if $(TRANSFORMERS),--transformers $(TRANSFORMERS)) \
-		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args "$(PYTEST_ARGS)" $(UPGRADE_ARGS)
+		$(if $(ACCELERATE),--accelerate $(ACCELERATE)) --pytest-args="$(PYTEST_ARGS)" $(UPGRADE_ARGS)
 
 open: fork ## CLONE=../transformers [PR=name]: each PR on a branch of your clone of main, proven there (OPEN_ARGS)
 	$(VPY) $(FORK) open --clone "$(CLONE)" $(if $(PR),--pr "$(PR)") $(OPEN_ARGS)
@@ -67,7 +67,7 @@ patches: | $(VPY) ## export the forks' commits back into the overlays and patche
 	$(VPY) $(FORK) export
 
 check: fork ## the whole stack: levels apply, exported, described, each PR's tests pass and fail without its fix
-	$(VPY) $(FORK) check --tests --pytest-args "$(PYTEST_ARGS)"
+	$(VPY) $(FORK) check --tests --pytest-args="$(PYTEST_ARGS)"
 
 pr: | $(VPY) ## dist/<NN>-<name>/ per PR, authored by your git identity (or AUTHOR='Name <email>')
 	$(VPY) $(FORK) pr --out dist $(if $(AUTHOR),--author '$(subst ','\'',$(AUTHOR))')

@@ -101,6 +101,7 @@ import zipfile
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOCK_SRC = f"{REPO_ROOT}/build/stock/src"  # the pinned releases, pristine (`make fork` makes it)
 sys.path.insert(0, os.path.join(REPO_ROOT, "utils"))
+from workbench.args import Parser  # noqa: E402
 from workbench.junit_report import test_cases  # noqa: E402
 
 
@@ -675,7 +676,7 @@ def summary_lines(report):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="folder for gpu_check.json and gpu_check.txt (required)")
     parser.add_argument("--unpack", metavar="CARRY", help="folder with transformers/accelerate[-stock].tar.gz, *.whl")
     parser.add_argument("--transformers-src", help="default build/transformers/src")

@@ -25,7 +25,6 @@ A progress line while it runs; pytest's own output goes to a file, its last line
 census finds, 2 on bad input (no such file or folder, no test collected).
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -35,6 +34,8 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from workbench.args import Parser
 
 
 UTILS = Path(__file__).resolve().parent
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = Parser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("tests", type=Path, help="a test folder or file")
     parser.add_argument("-n", type=int, default=0, metavar="N", help="pytest-xdist workers (default: serial)")
     args = parser.parse_args(own)

@@ -44,6 +44,8 @@ import os
 import re
 import sys
 
+from workbench.args import Parser
+
 
 TRAINER_STATE_NAME = "trainer_state.json"
 
@@ -406,7 +408,7 @@ def relative_tolerance(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Compare two Trainer runs step by step (log_history of trainer_state.json) and report the first "
         "divergence with its likely cause. Exit status: 0 identical, 1 diverged, 2 bad input."
     )

@@ -5,16 +5,18 @@ one-screen summary: each stage ok or FAILED, its time and its counts (pytest's c
 level runs and problems). Every stage runs even when an earlier one failed (one CI run reports them all); the exit
 status is 1 when any failed (make makes it 2), 130 on Ctrl-C.
 
-    .venv/bin/python utils/testrun.py [--pytest-args "-n auto"] [--only K ...]
+    .venv/bin/python utils/testrun.py [--pytest-args="-n auto"] [--only K ...]
 """
 
-import argparse
 import os
 import re
 import shlex
 import subprocess
 import sys
 import time
+
+from workbench.args import Parser
+from workbench.testenv import pytest_options
 
 
 UTILS = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +31,7 @@ def stages(pytest_args: str) -> list[tuple[str, list[str], dict]]:
     return [
         (
             "the stack: each PR applies, is exported and described, its tests pass at its level and fail without its fix",
-            [python, os.path.join(UTILS, "fork.py"), "check", "--tests", "--pytest-args", pytest_args],
+            [python, os.path.join(UTILS, "fork.py"), "check", "--tests", f"--pytest-args={pytest_args}"],
             {},
         ),
         (
@@ -83,8 +85,10 @@ def minutes(seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="make test: its stages, then a summary")
-    parser.add_argument("--pytest-args", default="", help="pytest arguments of the stages, e.g. '-n auto'")
+    parser = Parser(description="make test: its stages, then a summary")
+    parser.add_argument(
+        "--pytest-args", default="", type=pytest_options, help="pytest arguments of the stages, e.g. '-n auto'"
+    )
     parser.add_argument("--only", type=int, nargs="+", help="run only these stages (1..n)")
     args = parser.parse_args(argv)
     planned = stages(args.pytest_args)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workbench.args import Parser
 from workbench.project import load_project
 from workbench.stack import load_stack
 from workbench.testenv import clean_test_env
@@ -115,7 +116,7 @@ def ensure_venv(venv: Path, specs: list[str], base_python: Path, extras: list[st
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fork", type=Path, default=ROOT / "build" / "transformers", help="the built fork")
     parser.add_argument("--venv", type=Path, default=ROOT / "build" / "upstream-pins", help="the venv to make")
     parser.add_argument("--base-python", type=Path, default=ROOT / ".venv" / "bin" / "python", help="the main venv")

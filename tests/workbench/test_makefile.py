@@ -63,7 +63,42 @@ def test_make_passes_the_options_it_names():
     printed = make("-n", "upgrade", "TRANSFORMERS=5.25.0", "UPGRADE_ARGS=--allow-older --force")
     recipe = printed[printed.index(".venv/bin/python utils/fork.py upgrade") :]
     recipe = shlex.split(recipe.replace("\\\n", " "))  # the recipe's continued line
-    assert recipe[3:] == ["--transformers", "5.25.0", "--pytest-args", "-n auto", "--allow-older", "--force"]
+    assert recipe[3:] == ["--transformers", "5.25.0", "--pytest-args=-n auto", "--allow-older", "--force"]
+
+
+@pytest.mark.parametrize(
+    ("command", "refusal"),
+    [
+        (  # an option of pytest's, passed on whole (`--pytest-args --bogus` was argparse's "expected one argument")
+            ["utils/fork.py", "check", "--pytest-args=--bogus-opt"],
+            "fork.py check: error: argument --pytest-args: pytest refuses '--bogus-opt': unrecognized arguments: "
+            "--bogus-opt (--help: the usage)",
+        ),
+        (
+            ["utils/testrun.py", "--pytest-args=-n"],
+            "testrun.py: error: argument --pytest-args: pytest refuses '-n': argument -n/--numprocesses: expected "
+            "one argument (--help: the usage)",
+        ),
+        (["utils/fork.py", "bogus"], "fork.py: error: argument command: invalid choice: 'bogus' (choose from"),
+        (["utils/repro", "--steps", "x"], "repro: error: argument --steps: invalid int value: 'x' (--help: the usage)"),
+        (["utils/census.py"], "census.py: error: the following arguments are required: tests (--help: the usage)"),
+        (["utils/resume_diff.py", "a"], "resume_diff.py: error: the following arguments are required: b (--help"),
+        (["bench/gpu_check.py", "--bogus"], "gpu_check.py: error: unrecognized arguments: --bogus (--help: the usage)"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(command, refusal):
+    """The commands the README shows refuse bad input in one line (argparse printed its whole usage first), status 2;
+    pytest's options are checked by pytest before anything is built."""
+    proc = subprocess.run([sys.executable, *command], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, len(proc.stderr.splitlines())) == (2, "", 1), proc.stderr
+    assert proc.stderr.startswith(refusal)
+
+
+def test_pytest_options_that_pytest_takes_are_passed_on_unchanged():
+    from workbench.testenv import pytest_options
+
+    for value in ("", "-n 2", "-k 'resume and not slow' --timeout 900", "-p no:randomly -x"):
+        assert pytest_options(value) == value
 
 
 def test_scripts_are_told_the_command_that_keeps_make_repros_statuses():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "utils"))
 _spec = importlib.util.spec_from_file_location("workbench_testrun", REPO_ROOT / "utils" / "testrun.py")
 testrun = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(testrun)
@@ -50,6 +51,6 @@ def test_all_stages_ok_exit_0(monkeypatch, capfd):
 def test_the_stages_are_the_makefiles_commands():
     commands = [" ".join(command) for _, command, _ in testrun.stages("-n 2")]
     assert len(commands) == 4
-    assert commands[0].endswith("utils/fork.py check --tests --pytest-args -n 2")
+    assert commands[0].endswith("utils/fork.py check --tests --pytest-args=-n 2")
     assert commands[1].endswith("-m workbench.testenv -p pytest_global_state -n 2 tests")
     assert "upstream_pins.py --extra deepspeed" in commands[3]

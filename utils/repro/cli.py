@@ -6,6 +6,8 @@ import shutil
 import sys
 import time
 
+from workbench.args import Parser
+
 from .launch import PACKAGE_DIR
 from .report import build_report, print_report, write_report
 from .runs import run_ddp_worker
@@ -14,7 +16,7 @@ from .workers import DEFAULT_STOCK_SRC, ensure_stock_src, fail, run_worker, run_
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Reproduce transformers#34053 (fp16 resume) offline against stock transformers and the fork."
     )
     parser.add_argument(

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from . import __doc__ as PACKAGE_DOC
+from .args import Parser
 from .forks import (
     OVERLAY_MESSAGE,
     TOOL_VERSION,
@@ -34,6 +35,7 @@ from .stack import (
     stack_problems,
     stock_sources,
 )
+from .testenv import pytest_options
 from .texts import text_problems, word_counts
 from .upgrade import cmd_upgrade, interrupted_upgrade
 
@@ -202,9 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     common.add_argument("--venv", help="virtual environment (default: REPO/.venv)")
 
-    parser = argparse.ArgumentParser(
-        description=PACKAGE_DOC.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = Parser(description=PACKAGE_DOC.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", parents=[common], help="build the forks (a fast no-op when nothing changed)")
     build.add_argument("--clone", help="put the stack's PRs on a new branch of this contributor's upstream clone")
@@ -221,7 +221,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     export.add_argument("--force", action="store_true", help="overwrite repository files with uncommitted changes")
     check = sub.add_parser("check", parents=[common], help="verify the stack: levels apply, exported, tests pass")
     check.add_argument("--tests", action="store_true", help="run each PR's own tests at its level")
-    check.add_argument("--pytest-args", default="", help="extra pytest arguments for the level tests, e.g. '-n auto'")
+    check.add_argument(
+        "--pytest-args",
+        default="",
+        type=pytest_options,
+        help="extra pytest arguments for the level tests, e.g. '-n auto'",
+    )
     pr = sub.add_parser("pr", parents=[common], help="write one folder per PR of the stack to dist/")
     pr.add_argument("--out", help="output folder (default: REPO/dist)")
     pr.add_argument("--author", help="'Name <email>' (default: git's user.name and user.email)")
@@ -239,7 +244,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     opener.add_argument("--suite", action="append", help="upstream's tests to run (default: tests/trainer)")
     opener.add_argument("--workers", default="auto", help="pytest -n for upstream's suite (default auto; 0: none)")
-    opener.add_argument("--pytest-args", default="", help="extra pytest arguments for every run, e.g. '--timeout 900'")
+    opener.add_argument(
+        "--pytest-args",
+        default="",
+        type=pytest_options,
+        help="extra pytest arguments for every run, e.g. '--timeout 900'",
+    )
     sub.add_parser("deps", parents=[common], help="install the pinned tools into the venv (torch first)")
     upgrade = sub.add_parser(
         "upgrade", parents=[common], help="move the forks and the stack to new releases (default: the newest)"
@@ -247,7 +257,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     upgrade.add_argument("--transformers", help="the transformers version (default: the newest on the index)")
     upgrade.add_argument("--accelerate", help="the accelerate version (default: the newest on the index)")
     upgrade.add_argument(
-        "--pytest-args", default="", help="extra pytest arguments for the level tests, e.g. '-n auto'"
+        "--pytest-args",
+        default="",
+        type=pytest_options,
+        help="extra pytest arguments for the level tests, e.g. '-n auto'",
     )
     upgrade.add_argument("--no-install", action="store_true", help="skip the editable pip install into the venv")
     upgrade.add_argument("--allow-older", action="store_true", help="allow moving to a release older than the pinned")

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -685,7 +686,7 @@ def open_prs(project: Project, target: Target, args, suite: list[str], scratch: 
     branches, refused = build_branches(project, target, args, scratch)
     if not branches:
         return tables(target, args, [], {}, refused, {}, "", None, made, started)
-    runner = Runner(project, target.upstream, scratch, args.pytest_args.split(), stock_dir(project))
+    runner = Runner(project, target.upstream, scratch, shlex.split(args.pytest_args), stock_dir(project))
     base_tree = scratch / "base"
     git(target.clone, "worktree", "add", "-q", "--detach", str(base_tree), target.base)
     unstacked: dict[str, str] = {}  # a PR that applies on the base alone but not on the PRs before it

@@ -12,6 +12,7 @@ regression tests only, its ``mutation`` applied), where they must fail.
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -408,7 +409,7 @@ def pr_test_results(
     """Run each PR of ``upstream`` at its level in ``repo`` (``build_levels``), with its fix and without it, against
     the ``stock`` sources of the other upstreams: ``{PR name: (problem with the fix, problem without it)}``."""
     others = [path for name, path in stock.items() if name != upstream.name]
-    args = pytest_args.split() if pytest_args else []
+    args = shlex.split(pytest_args)
     return {
         pr.name: tuple(
             run_level_tests(project, upstream, repo, prs, pr, pr.tests, scratch, args, others, without_fix)

@@ -13,11 +13,14 @@ sets on purpose (``make test`` exports ``RUN_SLOW`` and ``OMP_NUM_THREADS``; a G
 ``PYTHONPATH=utils`` (for the ``pytest_global_state`` plugin) and exits with pytest's status.
 """
 
+import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -26,6 +29,7 @@ SHELL_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TMPDIR")
 # The knobs a test run takes from its caller.
 TEST_KNOBS = ("RUN_SLOW", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 UTILS = Path(__file__).resolve().parent.parent
+PYTEST_USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR (pytest is not imported here)
 
 
 def shell_environment(environ=None) -> dict[str, str]:
@@ -63,6 +67,22 @@ def run_tests(cmd: list[str], capture: bool = False, **kwargs) -> subprocess.Com
             proc.wait()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def pytest_options(value: str) -> str:
+    """``value`` (pytest options as one string, split as a shell does), when pytest takes them (argparse's ``type``):
+    pytest's own refusal of an unknown option or a missing value is the error, before any level or test is built."""
+    if not value.strip():
+        return value
+    with tempfile.TemporaryDirectory(prefix="pytest-options-") as empty:
+        cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
+        cmd += [*shlex.split(value), "--collect-only", "-q", f"--rootdir={empty}", empty]
+        env = clean_test_env(PYTHONPATH=str(UTILS))
+        proc = subprocess.run(cmd, cwd=empty, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    refusals = [line.partition(": error: ")[2] for line in proc.stderr.splitlines() if ": error: " in line]
+    if proc.returncode == PYTEST_USAGE_ERROR and refusals:
+        raise argparse.ArgumentTypeError(f"pytest refuses {value!r}: {refusals[0]}")
+    return value
 
 
 def main(argv: list[str]) -> int:
