@@ -1403,23 +1403,31 @@ def interrupt(*args, **kwargs):
 
 
 @pytest.mark.parametrize(
-    ("where", "left"),
+    ("where", "args", "left"),
     [
-        ("download", "nothing was changed; run `make upgrade` again."),
+        (  # the command to run again is the one that was interrupted: its releases and options
+            "download",
+            ("--transformers", "1.1", "--allow-older"),
+            "nothing was changed; run `make upgrade TRANSFORMERS=1.1 UPGRADE_ARGS='--allow-older --no-install'` again.",
+        ),
         (
             "write_stamp",  # stage 3, after the forks were moved onto the new bases
+            (),
             "the pins and patches are unchanged; build/transformers, build/accelerate half-moved: `make fork "
-            "FORK_ARGS=--force` puts them back on the pins, or run `make upgrade` again.",
+            "FORK_ARGS=--force` puts them back on the pins, or run `make upgrade UPGRADE_ARGS='--no-install'` again.",
         ),
         (
             "export_fork",  # stage 4, after the pin file was written
+            (),
             "patches/config.json changed: finish with `make check` (it installs the forks and runs each PR's tests), "
             "or go back with `git checkout -- patches/config.json patches/transformers patches/accelerate && make "
             "fork FORK_ARGS=--force`.",
         ),
     ],
 )
-def test_ctrl_c_in_upgrade_says_what_was_left_and_how_to_go_on(project, tmp_path, monkeypatch, capsys, where, left):
+def test_ctrl_c_in_upgrade_says_what_was_left_and_how_to_go_on(
+    project, tmp_path, monkeypatch, capsys, where, args, left
+):
     from workbench import upgrade as upgrade_module
 
     make_stack(project)
@@ -1427,7 +1435,7 @@ def test_ctrl_c_in_upgrade_says_what_was_left_and_how_to_go_on(project, tmp_path
     new_release(tmp_path / "index", trainer="new 1\n" + TRAINER)
     monkeypatch.setattr(upgrade_module, where, interrupt)
     capsys.readouterr()
-    assert upgrade(project, tmp_path) == 130
+    assert upgrade(project, tmp_path, *args) == 130
     assert capsys.readouterr().err == f"\nfork.py upgrade: interrupted: {left}\n"
     assert not list(project.glob("build/.*upgrade*"))  # its temporary folders are gone
     if "git checkout" in left:

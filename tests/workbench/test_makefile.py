@@ -80,10 +80,16 @@ def test_make_passes_the_options_it_names():
             "one argument (--help: the usage)",
         ),
         (["utils/fork.py", "bogus"], "fork.py: error: argument command: invalid choice: 'bogus' (choose from"),
-        (["utils/repro", "--steps", "x"], "repro: error: argument --steps: invalid int value: 'x' (--help: the usage)"),
+        (
+            ["utils/repro", "--steps", "x"],
+            "repro: error: argument --steps: invalid int value: 'x' (--help: the usage)",
+        ),
         (["utils/census.py"], "census.py: error: the following arguments are required: tests (--help: the usage)"),
         (["utils/resume_diff.py", "a"], "resume_diff.py: error: the following arguments are required: b (--help"),
-        (["bench/gpu_check.py", "--bogus"], "gpu_check.py: error: unrecognized arguments: --bogus (--help: the usage)"),
+        (
+            ["bench/gpu_check.py", "--bogus"],
+            "gpu_check.py: error: unrecognized arguments: --bogus (--help: the usage)",
+        ),
     ],
 )
 def test_bad_input_is_refused_in_one_line(command, refusal):

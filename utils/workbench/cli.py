@@ -309,14 +309,14 @@ COMMANDS = {
 
 # What an interrupted command left (its temporary folders are removed on the way out), and how to go on.
 INTERRUPTED = {
-    "build": lambda project: (
+    "build": lambda project, args: (
         "run `make fork` again (with FORK_ARGS=--force where it refuses a fork left half-built: "
         "the old one is kept as a backup folder)"
     ),
-    "check": lambda project: (
+    "check": lambda project, args: (
         "nothing was changed (the levels were built in a temporary folder); run `make check` again"
     ),
-    "deps": lambda project: "run `make deps` again: pip installs what is missing",
+    "deps": lambda project, args: "run `make deps` again: pip installs what is missing",
     "upgrade": interrupted_upgrade,
 }
 
@@ -332,6 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(err, "status", 1)
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (the subprocesses got it too and stop quietly)
         said = INTERRUPTED.get(args.command)
-        left = said(project) if said and project else f"run `fork.py {args.command}` again"
+        left = said(project, args) if said and project else f"run `fork.py {args.command}` again"
         print(f"\nfork.py {args.command}: interrupted: {left}.", file=sys.stderr, flush=True)
         return 130

@@ -274,8 +274,18 @@ def built_on(upstream, stamp: dict, head: str | None) -> bool:
     return stamp.get("base_sha256") == upstream.sha256 and stamp.get("head") == head
 
 
-def interrupted_upgrade(project: Project) -> str:
-    """What an interrupted upgrade left, read from the repository and the forks, and how to go on."""
+# The options of `fork.py upgrade` that UPGRADE_ARGS passes on: their argparse destinations.
+UPGRADE_OPTIONS = {"--allow-older": "allow_older", "--force": "force", "--no-install": "no_install"}
+
+
+def interrupted_upgrade(project: Project, args) -> str:
+    """What an interrupted upgrade left, read from the repository and the forks, and how to go on (the same command
+    again: its releases and options)."""
+    again = "make upgrade" + "".join(
+        f" {name.upper()}={getattr(args, name)}" for name in ("transformers", "accelerate") if getattr(args, name)
+    )
+    options = [option for option, on in UPGRADE_OPTIONS.items() if getattr(args, on)]
+    again += f" UPGRADE_ARGS='{' '.join(options)}'" if options else ""
     changed = uncommitted_paths(project, written_paths(project))
     back = "make fork FORK_ARGS=--force"
     if changed:
@@ -291,9 +301,9 @@ def interrupted_upgrade(project: Project) -> str:
     if moved:
         return (
             f"the pins and patches are unchanged; {', '.join(moved)} half-moved: `{back}` puts them back on the pins, "
-            "or run `make upgrade` again"
+            f"or run `{again}` again"
         )
-    return "nothing was changed; run `make upgrade` again"
+    return f"nothing was changed; run `{again}` again"
 
 
 def uncommitted_paths(project: Project, paths: list[Path]) -> list[str]:
