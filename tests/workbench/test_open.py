@@ -561,6 +561,28 @@ def test_a_run_stopped_at_any_stage_leaves_no_worktree_branch_or_temporary_folde
         assert signal.getsignal(signal.SIGTERM) is unhandled  # put back as it was
 
 
+def test_ctrl_c_inside_git_worktree_add_leaves_no_worktree(setup, tmp_path, monkeypatch, capsys):
+    """Stopped inside `git worktree add`, git leaves the new worktree locked ("initializing"), which prune skips."""
+    from workbench import opener
+
+    root, clone = setup
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    real = opener.git
+
+    def git(cwd, *args, **kwargs):
+        proc = real(cwd, *args, **kwargs)
+        if args[:2] == ("worktree", "add"):
+            path = next(arg for arg in args[2:] if not arg.startswith("-"))
+            real(cwd, "worktree", "lock", "--reason", "initializing", path)  # as git is when Ctrl-C stops it
+            raise KeyboardInterrupt
+        return proc
+
+    monkeypatch.setattr(opener, "git", git)
+    assert open_(root, clone, "--pr", "moves-tests") == 130
+    assert sh(clone, "git", "worktree", "list").count("\n") == 1
+    assert sorted(branches(clone)) == ["main"] and not list(tmp_path.glob("workbench-open-*"))
+
+
 def test_the_branches_are_made_all_or_none(setup, capsys):
     root, clone = setup
     sh(clone, "git", "branch", "no-bug/mine")  # so that branch no-bug cannot be made, at the very end

@@ -676,8 +676,13 @@ def ignored(*signums):
 
 
 def remove_scratch(clone: Path, scratch: Path) -> None:
-    """The run's temporary folder and the worktrees in it, whatever stopped the run (git forgets the worktrees)."""
+    """The run's temporary folder and the worktrees in it, whatever stopped the run (git forgets the worktrees; one
+    that Ctrl-C stopped inside `git worktree add` is still locked as "initializing", which prune skips)."""
     shutil.rmtree(scratch, ignore_errors=True)
+    listed = git(clone, "worktree", "list", "--porcelain", check=False).stdout.decode(errors="replace").splitlines()
+    for path in (line.removeprefix("worktree ") for line in listed if line.startswith("worktree ")):
+        if Path(path).resolve().is_relative_to(scratch.resolve()):
+            git(clone, "worktree", "unlock", path, check=False)
     git(clone, "worktree", "prune", check=False)
 
 
