@@ -11,6 +11,7 @@ status is 1 when any failed (make makes it 2), 130 on Ctrl-C.
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -71,12 +72,24 @@ def run_stage(command: list[str], env: dict) -> tuple[int, str]:
     """Runs `command`, copying its output (stdout and stderr) to this stdout as it comes. Its status and output."""
     sys.stdout.flush()
     process = subprocess.Popen(
-        command, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C does not reach it: stopped below, its output (a traceback, a line) unshown
     )
     chunks = []
-    while chunk := os.read(process.stdout.fileno(), 65536):
-        os.write(sys.stdout.fileno(), chunk)
-        chunks.append(chunk)
+    try:
+        while chunk := os.read(process.stdout.fileno(), 65536):
+            os.write(sys.stdout.fileno(), chunk)
+            chunks.append(chunk)
+    except KeyboardInterrupt:
+        os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C: `make check` removes its levels
+        while os.read(process.stdout.fileno(), 65536):
+            pass
+        process.wait()
+        raise
     return process.wait(), b"".join(chunks).decode(errors="replace")
 
 

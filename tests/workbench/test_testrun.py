@@ -1,8 +1,15 @@
 """Tests for utils/testrun.py (`make test`): its [k/n] stage lines, its summary, and its exit status."""
 
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+from test_fork import running
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +61,42 @@ def test_the_stages_are_the_makefiles_commands():
     assert commands[0].endswith("utils/fork.py check --tests --pytest-args=-n 2")
     assert commands[1].endswith("-m workbench.testenv -p pytest_global_state -n 2 tests")
     assert "upstream_pins.py --extra deepspeed" in commands[3]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the processes' states in /proc (Linux)")
+def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) in a stage: the stage runs in a session of its own and gets
+    Ctrl-C from make test, so it cleans up (`make check` removes its levels) with its output unshown (a pytest-xdist
+    traceback, the stage's own line); make test prints its one line."""
+    pids, cleaned = tmp_path / "pids", tmp_path / "cleaned"
+    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    stage = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        f"    open({str(cleaned)!r}, 'w').close(); print('Traceback (the stage got Ctrl-C)')\n"
+    )
+    driver = (
+        f"import importlib.util, sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('testrun', {str(REPO_ROOT / 'utils' / 'testrun.py')!r})\n"
+        "testrun = importlib.util.module_from_spec(spec); spec.loader.exec_module(testrun)\n"
+        f"testrun.stages = lambda args: [('the stack', [sys.executable, '-c', {stage!r}], {{}})]\n"
+        "sys.exit(testrun.main([]))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    for _ in range(300):
+        if pids.exists() and len(pids.read_text(encoding="utf-8").split()) == 2:
+            break
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 130 and cleaned.exists()
+    assert out.decode().splitlines()[-2:] == [
+        "",
+        "make test: interrupted in its first stage (at [1/1]); nothing is left to clean up: run `make test` again.",
+    ]
+    assert "Traceback" not in out.decode()
+    assert not [pid for pid in map(int, pids.read_text(encoding="utf-8").split()) if running(pid)]
