@@ -139,6 +139,8 @@ def test_1_leaves_files():
     (ROOTDIR / "in_rootdir").mkdir()
     Path("existing.txt").write_text("changed")
     subprocess.run([sys.executable, "-c", "open('made_by_a_child.txt', 'w')"], check=True)
+    with open("made_by_a_child.txt", "a") as child:  # O_CREAT, but the file was there: still the child's
+        child.write("x")
 
 
 def test_2_starts_clean():
