@@ -52,7 +52,8 @@ create it, not there an instant before: ``open`` with ``O_CREAT`` (modes ``w``, 
 what was there before: its content is not the test's). The hook does not see code in C or another language write a file
 (``torch.save``'s C++ writer, ``safetensors``, ``sqlite3``, ``os.mkfifo``), nor subprocesses or other programs (a user
 saving a file while the tests run): what they make is named, never deleted (the census removes what its tests left,
-see ``utils/census.py``).
+see ``utils/census.py``). A name the test's Python made and then removed (``os.remove``, ``os.rmdir``, a rename) is
+forgotten: made again by another program, it is not deleted.
 
 Under ``pytest -n N`` (N > 1) the workers are separate processes, so everything above stays per test, except the files:
 the workers share the working directory, and a file one worker's test makes appears in the snapshots of whatever test
@@ -110,8 +111,10 @@ FP32_PRECISION = [
     "mkldnn.rnn.fp32_precision",
 ]
 LEGACY_TF32 = ["cudnn.allow_tf32", "cuda.matmul.allow_tf32"]
-# The audit events by which Python code creates a directory entry, and the argument holding its path.
+# The audit events by which Python code creates a directory entry, and the argument holding its path; those by which
+# it removes the entry its first argument names (a rename removes its source).
 CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link": 1}
+REMOVING = {"os.remove", "os.rmdir", "os.rename"}
 LEFT = "left behind"
 LOGGERS = ["", "transformers", "accelerate", "torch"]  # "" is the root logger
 IMPORTED = "imported"  # a snapshot's record of which of LOGGERS' libraries were imported: compared, never reported
@@ -329,25 +332,36 @@ def _describe(value) -> str:
 
 def _note_made(event: str, args: tuple) -> None:
     """Audit hook, during a test: notes each path this process's Python creates, and each top-level entry of a watched
-    folder it creates that was not there an instant before (what the test's teardown may delete)."""
+    folder it creates that was not there an instant before (what the test's teardown may delete), until it removes it."""
     made = _SESSION["made"]
-    if made is None or event not in CREATING:
+    if made is None or (event not in CREATING and event not in REMOVING):
         return
     try:  # an exception here would abort the operation being audited
-        if event == "open" and not (isinstance(args[2], int) and args[2] & os.O_CREAT):
+        if event == "open":
+            if isinstance(args[0], int) or not (isinstance(args[2], int) and args[2] & os.O_CREAT):
+                return  # a file descriptor, or no creation
+        elif args[-1] != -1 or (event in ("os.rename", "os.link") and args[2] != -1):
+            return  # a path relative to a folder's descriptor
+        source = os.path.abspath(os.fsdecode(args[0]))
+        # A rename of what was there before the test, or of another's: the new name holds none of the test's making.
+        ours = event != "os.rename" or _created(source)
+        if event in REMOVING:
+            _SESSION["created"].discard(source)
+            made.difference_update(_names(source))
+        if event not in CREATING or not ours:
             return
-        path = args[CREATING[event]]
-        if isinstance(path, int) or (event != "open" and any(fd != -1 for fd in args[2:])):
-            return  # a file descriptor, or a path relative to one
-        path = os.path.abspath(os.fsdecode(path))
-        if event == "os.rename" and not _created(os.path.abspath(os.fsdecode(args[0]))):
-            return  # moves what was there before the test, or another's: the new name holds none of the test's making
-        for label, folder in _SESSION["folders"].items():
-            if os.path.dirname(path) == folder and not os.path.lexists(path):
-                made.add(f"{label}: {os.path.basename(path)}")
+        path = os.path.abspath(os.fsdecode(args[CREATING[event]]))
+        if not os.path.lexists(path):
+            made.update(_names(path))
         _SESSION["created"].add(path)
     except Exception:  # noqa: BLE001, S110
         pass
+
+
+def _names(path: str) -> list[str]:
+    """How the snapshot names ``path`` when it is a top-level entry of a watched folder (without a folder's slash)."""
+    folders = _SESSION["folders"].items()
+    return [f"{label}: {os.path.basename(path)}" for label, folder in folders if os.path.dirname(path) == folder]
 
 
 def _created(path: str) -> bool:

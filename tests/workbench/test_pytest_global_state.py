@@ -138,7 +138,9 @@ def test_1_leaves_files():
     os.symlink(OUTSIDE, "link")
     (ROOTDIR / "in_rootdir").mkdir()
     Path("existing.txt").write_text("changed")
-    subprocess.run([sys.executable, "-c", "open('made_by_a_child.txt', 'w')"], check=True)
+    Path("again.txt").write_text("x")
+    Path("again.txt").unlink()  # then made again by another process: not the test's file
+    subprocess.run([sys.executable, "-c", "open('made_by_a_child.txt', 'w'); open('again.txt', 'w')"], check=True)
     with open("made_by_a_child.txt", "a") as child:  # O_CREAT, but the file was there: still the child's
         child.write("x")
 
@@ -326,10 +328,11 @@ def test_files_the_tests_python_left_are_deleted_and_the_others_named(tmp_path, 
     assert "files in the rootdir: in_rootdir/: left behind (deleted)" in out, out
     # Under -n 2, not made by this worker's Python: the controller names them at the end of the session.
     not_made = "left behind by test_files.py::test_1" if workers else "left behind (not deleted: not seen made by this"
-    for name in ("renamed.txt", "made_by_a_child.txt"):
+    for name in ("again.txt", "renamed.txt", "made_by_a_child.txt"):
         assert f"files in the working directory: {name}: {not_made}" in out, out
     assert "scratch.txt" not in out and "existing.txt" not in out, out
-    assert sorted(os.listdir(run)) == ["existing.txt", "made_by_a_child.txt", "renamed.txt", "test_files.py"]
+    expected = ["again.txt", "existing.txt", "made_by_a_child.txt", "renamed.txt", "test_files.py"]
+    assert sorted(os.listdir(run)) == expected, out
     assert (run / "existing.txt").read_text() == "changed" and (outside / "kept.txt").exists()
 
 
