@@ -121,8 +121,10 @@ def test_3_leaves_a_handler():
 
 FILE_TESTS = """
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOTDIR, OUTSIDE = Path(os.environ["TEST_ROOTDIR"]), Path(os.environ["TEST_OUTSIDE"])
@@ -145,9 +147,22 @@ def test_1_leaves_files():
         child.write("x")
 
 
+def test_1_makes_files_in_the_usual_ways():
+    open("x_mode.txt", "x").close()
+    open("a_mode.txt", "a").close()
+    Path("touched").touch()
+    os.makedirs("made/dirs")
+    shutil.copy("existing.txt", "copied.txt")  # a new file: the original stays
+    Path("tree").mkdir()
+    shutil.copytree("tree", "copied_tree")
+    os.link("x_mode.txt", "hardlink.txt")
+    tempfile.mkstemp(dir=".", prefix="mkstemp_")
+    tempfile.mkdtemp(dir=".", prefix="mkdtemp_")
+
+
 def test_2_starts_clean():
-    for name in ("leftover", "out.txt", "saved.txt", "link", ROOTDIR / "in_rootdir"):
-        assert not os.path.lexists(name), name
+    expected = ["again.txt", "existing.txt", "made_by_a_child.txt", "renamed.txt", "test_files.py"]
+    assert sorted(os.listdir()) == expected and not os.listdir(ROOTDIR)
     assert Path("existing.txt").read_text() == "changed" and Path("renamed.txt").read_text() == "before"
     assert Path("made_by_a_child.txt").exists() and (OUTSIDE / "kept.txt").exists()
 
@@ -320,11 +335,15 @@ def test_files_the_tests_python_left_are_deleted_and_the_others_named(tmp_path, 
     monkeypatch.setenv("TEST_ROOTDIR", str(root))
     monkeypatch.setenv("TEST_OUTSIDE", str(outside))
     out = run_pytest(run, "--rootdir", str(root), *workers, test_files__py=FILE_TESTS).stdout
-    assert "3 passed, 1 error" in out, out
+    assert "4 passed, 2 errors" in out, out
     assert "ERROR at teardown of test_1_leaves_files" in out, out
     assert "left process-global state changed (each line says whether it was put back for the next test):" in out
-    for name in ("leftover/", "out.txt", "saved.txt", "link/"):
-        assert f"files in the working directory: {name}: left behind (deleted)" in out, out
+    deleted = re.findall(r"files in the working directory: (\S+): left behind \(deleted\)", out)
+    assert {re.sub(r"(mk[sd]temp_)[^/]*", r"\1", name) for name in deleted} == {
+        *("leftover/", "out.txt", "saved.txt", "link/"),  # test_1_leaves_files
+        *("x_mode.txt", "a_mode.txt", "touched", "made/", "copied.txt", "tree/", "copied_tree/", "hardlink.txt"),
+        *("mkstemp_", "mkdtemp_/"),
+    }, out
     assert "files in the rootdir: in_rootdir/: left behind (deleted)" in out, out
     # Under -n 2, not made by this worker's Python: the controller names them at the end of the session.
     not_made = "left behind by test_files.py::test_1" if workers else "left behind (not deleted: not seen made by this"
