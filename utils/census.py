@@ -16,10 +16,12 @@ to pytest as they are (`-k`, `--timeout 900`, ...). The Python running this scri
 `PYTHONPATH`, are theirs.
 
 It counts leaks, each a test and what it left changed, once however often reported. What the tests leave in the
-folders the guard watches (the working directory, pytest's rootdir) and that was not there when the census started it
-removes at the end, and says so: the guard sees a file only when it appears, so a file left by one census would hide
-the test that leaves it from the next (removing only what appeared during this run, rather than copying the tree, keeps
-a clone's root untouched and costs nothing; a leftover from an earlier plain pytest run still hides its test).
+folders the guard watches (the working directory, pytest's rootdir) the guard deletes at the test's teardown when the
+test's own Python made it; the rest (a subprocess's files, ``torch.save``'s), when it was not there when the census
+started, the census removes at the end, and says so: the guard sees a file only when it appears, so a file left by one
+census would hide the test that leaves it from the next (removing only what appeared during this run, rather than
+copying the tree, keeps a clone's root untouched and costs nothing; a leftover from an earlier plain pytest run still
+hides its test).
 
 A progress line while it runs; pytest's own output goes to a file, its last line is shown. Exit status 0 whatever the
 census finds, 2 on bad input (no such file or folder, no test collected).
@@ -97,7 +99,8 @@ def listings(tests: Path) -> dict[str, set]:
 
 
 def remove_left(log: dict, before: dict[str, set]) -> list[str]:
-    """Removes each entry the tests left in a watched folder that was not there before the census; returns them."""
+    """Removes each entry the tests left in a watched folder that was not there before the census and is still there
+    (the guard deleted those the tests' Python made); returns them."""
     removed = []
     for what in sorted({what for _, what, _ in log["leaks"]} | {what for what, _ in log["unattributed"]}):
         label, _, name = what.partition(": ")

@@ -15,8 +15,11 @@ garbage collector are enabled, the collector's thresholds, the recursion limit, 
 and the non-daemon threads alive. After the test's tear-down it takes another, and compares every module's functions,
 classes and submodules with a copy kept from the end of the previous test (a module's attribute replaced or deleted
 without undo). Any difference is an error of that test's tear-down, and the state is put back so that the next test
-starts clean, except what cannot be: files left behind are named, not deleted; threads are left running; torch's
-inter-op thread count can be set once per process.
+starts clean; the error's message says of each line whether it was. What cannot be put back stays, with the reason on
+its line: a file or folder left behind is deleted only if this process's Python made it during the test (below), and
+named otherwise; a non-daemon thread keeps running (a thread cannot be stopped from outside); torch's inter-op thread
+count stays (torch allows setting it once per process); so does a setting whose getter raised before the test or whose
+setter raises.
 
 Only what the test did counts. A non-daemon thread is the test's when it was not alive before the set-up and still is
 after the tear-down: one that ends during a test (another test's, or a library's) is nobody's change. A library's
@@ -40,20 +43,28 @@ A setting whose getter raises is recorded as such (and reported if that changes)
 signal handler that a pytest plugin installs or resets itself (pytest-timeout's ``SIGALRM``, which it resets when a test
 fails) is not the test's doing. The snapshot reads only and imports nothing: torch's settings are compared when torch
 was imported before the test's set-up (test modules import it when they are collected). Files are compared by name: one
-that was there before the test is not seen being left again (the census removes what its tests left, see
-``utils/census.py``).
+that was there before the test is never touched, and not seen being left again. A new one is deleted at the test's
+tear-down (a folder with all it holds; a symbolic link itself, never what it points to) only when an audit hook
+(``sys.addaudithook``: installed once per process, it notes names during a test, nothing else) saw this process's Python
+create it, not there an instant before: ``open`` with ``O_CREAT`` (modes ``w``, ``x``, ``a``; ``Path.write_text`` and
+``touch``, ``shutil.copy*``, ``tempfile``'s files), ``os.mkdir`` (``os.makedirs``, ``Path.mkdir``, ``shutil.copytree``,
+``tempfile.mkdtemp``), ``os.symlink``, ``os.link``, and ``os.rename``/``os.replace`` of a path the test created (not of
+what was there before: its content is not the test's). The hook does not see code in C or another language write a file
+(``torch.save``'s C++ writer, ``safetensors``, ``sqlite3``, ``os.mkfifo``), nor subprocesses or other programs (a user
+saving a file while the tests run): what they make is named, never deleted (the census removes what its tests left,
+see ``utils/census.py``). A name the test's Python made and then removed (``os.remove``, ``os.rmdir``, a rename) is
+forgotten: made again by another program, it is not deleted.
 
 Under ``pytest -n N`` (N > 1) the workers are separate processes, so everything above stays per test, except the files:
 the workers share the working directory, and a file one worker's test makes appears in the snapshots of whatever test
-another worker is running at that moment. So a worker charges a new file or folder to its test only when its own
-process made it during the test: an audit hook (``sys.addaudithook``; it stays for the worker's life, and only notes the
-name) sees Python create it (``open`` with ``O_CREAT``, ``os.mkdir``, ``os.rename``/``replace``, ``os.symlink``,
-``os.link``). Any other new entry (made by another worker, by a subprocess, or by C code such as ``torch.save``'s
-writer) goes to the controller with the teardown report (``user_properties``), and at the end of the session the
-controller takes the entries no test was charged with and that are still there: seen by one test only, that test left
-it (the test that makes an entry sees it appear; another test sees it too only if it was running at that instant);
-seen by several, it names them all as candidates. Either way it is reported once, in the summary, and the session
-fails, but no test does.
+another worker is running at that moment. So a worker charges a new file or folder to its test, and deletes it, only
+when its own process made it during the test (the audit hook above). Any other new entry (made by another worker, by a
+subprocess, or by C code such as ``torch.save``'s writer) goes to the controller with the teardown report
+(``user_properties``), and at the end of the session the controller takes the entries no test was charged with and that
+are still there: seen by one test only, that test left it (the test that makes an entry sees it appear; another test
+sees it too only if it was running at that instant); seen by several, it names them all as candidates. Either way it is
+reported once, in the summary, and the session fails, but no test does; it is not deleted, since no process is known to
+have made it.
 
 ``--global-state-log FILE`` appends one JSON line per test (``{"test": node id, "changed": [[what, change], ...]}``),
 one per worker after collection (``{"collected": N, "folders": {label: path}}``) and, from the controller, one per
@@ -70,6 +81,7 @@ import logging
 import multiprocessing
 import operator
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -99,8 +111,10 @@ FP32_PRECISION = [
     "mkldnn.rnn.fp32_precision",
 ]
 LEGACY_TF32 = ["cudnn.allow_tf32", "cuda.matmul.allow_tf32"]
-# The audit events by which Python code creates a directory entry, and the argument holding its path.
+# The audit events by which Python code creates a directory entry, and the argument holding its path; those by which
+# it removes the entry its first argument names (a rename removes its source).
 CREATING = {"open": 0, "os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link": 1}
+REMOVING = {"os.remove", "os.rmdir", "os.rename"}
 LEFT = "left behind"
 LOGGERS = ["", "transformers", "accelerate", "torch"]  # "" is the root logger
 IMPORTED = "imported"  # a snapshot's record of which of LOGGERS' libraries were imported: compared, never reported
@@ -118,10 +132,11 @@ OWN_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet", "py", "pytest
 C_UNSET = "<unset>"
 PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
-# shared: an xdist worker beside others; made: what this process created during the current test (its audit hook).
+# shared: an xdist worker beside others; made: the watched folders' entries this process created during the current
+# test (its audit hook; None between tests); created: every path it created during the test.
 # On the controller, charged: the entries a worker charged to a test; seen: for each other new entry, the tests that saw
 # it appear; left: (what, tests) for each entry it reports.
-_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": set()}
+_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": None, "created": set()}
 _SESSION.update(
     charged=set(), seen={}, left=[], libraries={name for name in LOGGERS if name}, **{"test modules": set()}
 )
@@ -316,21 +331,46 @@ def _describe(value) -> str:
 
 
 def _note_made(event: str, args: tuple) -> None:
-    """Audit hook of an xdist worker: notes each top-level entry of a watched folder that this process creates."""
-    if event not in CREATING:
+    """Audit hook, during a test: notes each path this process's Python creates, and each top-level entry of a watched
+    folder it creates that was not there an instant before (what the test's teardown may delete), until it removes it."""
+    made = _SESSION["made"]
+    if made is None or (event not in CREATING and event not in REMOVING):
         return
     try:  # an exception here would abort the operation being audited
-        if event == "open" and not (isinstance(args[2], int) and args[2] & os.O_CREAT):
+        if event == "open":
+            if isinstance(args[0], int) or not (isinstance(args[2], int) and args[2] & os.O_CREAT):
+                return  # a file descriptor, or no creation
+        elif args[-1] != -1 or (event in ("os.rename", "os.link") and args[2] != -1):
+            return  # a path relative to a folder's descriptor
+        source = os.path.abspath(os.fsdecode(args[0]))
+        # A rename of what was there before the test, or of another's: the new name holds none of the test's making.
+        ours = event != "os.rename" or _created(source)
+        if event in REMOVING:
+            _SESSION["created"].discard(source)
+            made.difference_update(_names(source))
+        if event not in CREATING or not ours:
             return
-        path = args[CREATING[event]]
-        if isinstance(path, int):
-            return  # a file descriptor
-        path = os.path.abspath(os.fsdecode(path))
-        for label, folder in _SESSION["folders"].items():
-            if path.startswith(os.path.join(folder, "")):
-                _SESSION["made"].add(f"{label}: {os.path.relpath(path, folder).split(os.sep)[0]}")
+        path = os.path.abspath(os.fsdecode(args[CREATING[event]]))
+        if not os.path.lexists(path):
+            made.update(_names(path))
+        _SESSION["created"].add(path)
     except Exception:  # noqa: BLE001, S110
         pass
+
+
+def _names(path: str) -> list[str]:
+    """How the snapshot names ``path`` when it is a top-level entry of a watched folder (without a folder's slash)."""
+    folders = _SESSION["folders"].items()
+    return [f"{label}: {os.path.basename(path)}" for label, folder in folders if os.path.dirname(path) == folder]
+
+
+def _created(path: str) -> bool:
+    """Whether this process's Python created ``path``, or a folder above it, during the test."""
+    while path not in _SESSION["created"]:
+        path, child = os.path.dirname(path), path
+        if path == child:
+            return False
+    return True
 
 
 def _added_and_removed(old: list, new: list) -> list[str]:
@@ -404,18 +444,30 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
     return found
 
 
-def restore(before: dict, changed: list[tuple[str, str]]) -> None:
-    """Puts back what changed and can be put back (not threads, files or the inter-op thread count)."""
+def restore(before: dict, changed: list[tuple[str, str]], made: set[str]) -> dict[str, str]:
+    """Puts back what changed and can be put back, and deletes the files and folders left behind that are in ``made``
+    (this process's Python made them during the test). Returns, for each line of ``changed`` not put back, what became
+    of it instead and why."""
     reported = {what for what, _ in changed}
     kinds = {what.partition(": ")[0] for what in reported}
+    notes = {
+        "non-daemon threads": "not stopped: a thread cannot be stopped from outside",
+        "torch inter-op threads": "not put back: torch allows setting it once per process",
+    }
+    notes = {what: note for what, note in notes.items() if what in reported}
+    for what in [what for what, how in changed if how == LEFT]:
+        notes[what] = _delete(what) if what.rstrip("/") in made else "not deleted: not seen made by this process"
     for name, _, set_value in _flags():
         value = before.get(name)
-        if name not in kinds or isinstance(value, Unreadable):
+        if name not in kinds:
+            continue
+        if isinstance(value, Unreadable):
+            notes[name] = "not put back: its getter raised before the test"
             continue
         try:
             set_value(value)
-        except Exception:  # noqa: BLE001, S110 - best effort: the difference is reported already
-            pass
+        except Exception as error:  # noqa: BLE001 - best effort: the difference is reported, and so is this
+            notes[name] = f"not put back: {Unreadable(error).text}"
     for name in set(os.environ) - set(before["environment"]) - IGNORED_ENVIRONMENT:
         del os.environ[name]
     os.environ.update(before["environment"])  # writes each variable through to the environment block too
@@ -445,6 +497,21 @@ def restore(before: dict, changed: list[tuple[str, str]]) -> None:
                     logger.removeHandler(handler)
             for handler in handlers:
                 logger.addHandler(handler)  # does nothing for a handler still there
+    return notes
+
+
+def _delete(what: str) -> str:
+    """Deletes a top-level entry of a watched folder (a symbolic link itself, never what it points to)."""
+    label, _, name = what.partition(": ")
+    path = os.path.join(_SESSION["folders"][label], name.rstrip("/"))
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError as error:
+        return f"not deleted: {Unreadable(error).text}"
+    return "deleted"
 
 
 def _own_module(name: str) -> bool:
@@ -564,7 +631,7 @@ def pytest_configure(config):
     _SESSION.update(charged=set(), seen={}, left=[])
     workerinput = getattr(config, "workerinput", None)
     _SESSION["shared"] = workerinput is not None and workerinput.get("workercount", 2) > 1
-    if _SESSION["shared"] and not _AUDITING:
+    if not _AUDITING:
         sys.addaudithook(_note_made)  # cannot be removed: installed once per process
         _AUDITING.append(True)
     if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
@@ -584,7 +651,7 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
-    _SESSION["made"] = set()
+    _SESSION.update(made=set(), created=set())
     _SNAPSHOTS[item.nodeid] = snapshot()
     return (yield)
 
@@ -621,23 +688,24 @@ def _check(item) -> None:
         (f"module attribute: {module}.{attribute}", f"{_describe(value)} -> {now}")
         for module, attribute, value, now in replaced
     ]
+    files = [what for what, how in changed if how == LEFT]
+    made, _SESSION["made"] = _SESSION["made"], None  # the audit hook notes nothing more until the next set-up
     if _SESSION["shared"]:
         # New entries this process did not make may be another worker's: the controller decides (pytest_sessionfinish).
-        files = [what for what, how in changed if how == LEFT]
-        charged = [what for what in files if what.rstrip("/") in _SESSION["made"]]
-        seen = [what for what in files if what not in charged]
+        seen = [what for what in files if what.rstrip("/") not in made]
         changed = [(what, how) for what, how in changed if what not in seen]
         if files:
+            charged = [what for what in files if what not in seen]
             item.user_properties.append((PROPERTY, {"charged": charged, "seen": seen}))
     _log({"test": item.nodeid, "changed": changed})
     if changed:
-        restore(before, changed)
+        notes = restore(before, changed, made)
         for module, attribute, value, _ in replaced:
             setattr(sys.modules[module], attribute, value)
         namespace_changes()  # refreshes the copies of the modules just put back
         raise AssertionError(
-            f"{item.nodeid} left process-global state changed (put back for the next test):\n  "
-            + "\n  ".join(f"{what}: {how}" for what, how in changed)
+            f"{item.nodeid} left process-global state changed (each line says whether it was put back for the next test):\n  "
+            + "\n  ".join(f"{what}: {how} ({notes.get(what, 'put back')})" for what, how in changed)
         )
 
 

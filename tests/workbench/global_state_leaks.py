@@ -259,3 +259,4 @@ def test_clean_last_starts_with_everything_put_back():
     assert dict(vars(torch._tensor_str.PRINT_OPTS)) == START["print options"]
     assert logging.getLogger("transformers").level == logging.WARNING and logging.root.manager.disable == 0
     assert "/nonexistent/leaked" not in sys.path
+    assert not Path("leftover.txt").exists()  # made by the test's Python: deleted

@@ -15,6 +15,8 @@ CENSUS = Path(__file__).resolve().parents[2] / "utils" / "census.py"
 
 TESTS = """
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -24,6 +26,7 @@ def test_leaves_a_variable():
 
 def test_leaves_a_folder():
     Path("leftover").mkdir()
+    subprocess.run([sys.executable, "-c", "import os; os.mkdir('made_by_a_child')"], check=True)
 
 
 def test_also_leaves_the_variable():
@@ -99,17 +102,20 @@ def test_the_census_groups_the_tests_by_what_they_changed_from_the_trees_root(tm
 
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert "4 of 4 tests run, 3 leaks by 3 tests, 0 left entries not attributed" in lines[0], result.stdout
+    assert "4 of 4 tests run, 4 leaks by 3 tests, 0 left entries not attributed" in lines[0], result.stdout
     group = lines.index("environment: CENSUS_LEAK (2 tests)")
     assert lines[group + 1].startswith("  tests/test_leaks.py::test_also_leaves_the_variable  '<unset>' -> '2'")
     assert lines[group + 2].startswith("  tests/test_leaks.py::test_leaves_a_variable  '<unset>' -> '1'")
-    folder = lines.index("files in the working directory: leftover/ (1 test)")
-    assert lines[folder + 1] == "  tests/test_leaks.py::test_leaves_a_folder  left behind", result.stdout
+    for name in ("leftover", "made_by_a_child"):
+        folder = lines.index(f"files in the working directory: {name}/ (1 test)")
+        assert lines[folder + 1] == "  tests/test_leaks.py::test_leaves_a_folder  left behind", result.stdout
     assert "test_clean" not in result.stdout and "test_deselected" not in result.stdout  # the arguments after --
     # pytest ran from the folder above the tree's topmost package, not from the caller's directory; what the tests
-    # left there, the census removed.
-    assert f"census: removed {project / 'leftover'} (left by the tests)" in result.stderr, result.stderr
+    # left there, the guard deleted at the test's teardown (made by its Python) or the census removed (by a subprocess).
+    assert f"census: removed {project / 'made_by_a_child'} (left by the tests)" in result.stderr, result.stderr
+    assert f"census: removed {project / 'leftover'}" not in result.stderr, result.stderr
     assert not (project / "leftover").exists() and not (elsewhere / "leftover").exists()
+    assert not (project / "made_by_a_child").exists() and not (elsewhere / "made_by_a_child").exists()
     # The command it runs, pytest's arguments included (progress lines only come every 30 s off a terminal).
     assert "census: " in result.stderr and "-k not deselected" in result.stderr, result.stderr
 
