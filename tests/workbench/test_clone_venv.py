@@ -90,7 +90,9 @@ def test_the_venv_gets_what_the_index_has_names_the_rest_and_collects_the_suite(
     write(clone / "tests/trainer/test_nowhere.py", "import nowhere_dep  # noqa\n")  # not in git: the clone as it is
     assert clone_venv_(root, clone, out) == 1
     captured = capsys.readouterr()
-    left = "left out (the package index has no release): nowhere-dep>=1, needsmissing (needs nowhere-too)"
+    left = (
+        "left out (no release on the package index satisfies them): nowhere-dep>=1, needsmissing (needs nowhere-too)"
+    )
     (error,) = [line for line in captured.err.splitlines() if line.strip()]
     assert error == (
         f"fork.py clone-venv: error: {out}: upstream's tests/trainer does not collect with it: "

@@ -6,9 +6,9 @@ It makes the venv with the workbench venv's Python; installs torch pinned as ``m
 the clone editable without its dependencies (``pip install --no-deps -e CLONE``); then, in one pip run, the
 requirements the clone declares in its own metadata (read in the new venv: the core ones and its ``testing`` extra) and
 the tools ``open`` runs (pytest, pytest-xdist, pytest-timeout) where the clone names none of them and the venv lacks
-them (pinned as here). torch stays at its pin (a constraint). A requirement the package index has no release for (pip's
-"No matching distribution found for X") is left out and pip runs again without it, as is one whose own dependency the
-index lacks (pip names it "from" that requirement); each is named. Then ``open``'s collection of upstream's suite
+them (pinned as here). torch stays at its pin (a constraint). A requirement no release on the package index satisfies
+(pip's "No matching distribution found for X") is left out and pip runs again without it, as is one whose own dependency
+none satisfies (pip names it "from" that requirement); each is named. Then ``open``'s collection of upstream's suite
 (``tests/trainer``, opener.collection) runs in the clone with the new venv, and one line says the venv, the tests
 collected and the requirements left out.
 
@@ -86,8 +86,8 @@ def pip(python: Path, *args: str) -> tuple[int, str]:
 
 
 def unavailable(output: str, todo: list[str]) -> tuple[str, str] | None:
-    """The requirement of ``todo`` that pip's ``output`` says the index has no release for, or whose dependency it has
-    none for: (requirement, how it is named in the summary); None where pip failed otherwise."""
+    """The requirement of ``todo`` that pip's ``output`` says no release on the index satisfies, or whose dependency none
+    satisfies: (requirement, how it is named in the summary); None where pip failed otherwise."""
     match = NO_RELEASE.search(output)
     if not match:
         return None
@@ -117,7 +117,7 @@ def install_available(python: Path, requirements: list[str], constraints: Path) 
             raise ForkError("pip install failed:\n  " + "\n  ".join(errors or output.splitlines()[-4:]))
         todo.remove(found[0])
         left_out.append(found[1])
-        print(f"(the package index has no release of {found[1]}: installing the rest without it)", flush=True)
+        print(f"(no release on the package index satisfies {found[1]}: installing the rest without it)", flush=True)
     return left_out
 
 
@@ -167,7 +167,9 @@ def cmd_clone_venv(project: Project, args) -> int:
         )
         left_out = install_available(python, requirements, constraints)
         run = collection(dataclasses.replace(project, venv=out), upstream, clone, suite, Path(tmp))
-    left = f"left out (the package index has no release): {', '.join(left_out)}" if left_out else "nothing left out"
+    left = "nothing left out"
+    if left_out:
+        left = f"left out (no release on the package index satisfies them): {', '.join(left_out)}"
     if run.collect_errors or not run.collected:
         raise ForkError(f"{out}: upstream's {' '.join(suite)} does not collect with it: {not_collected(run)}; {left}")
     print(f"clone-venv: {out}: {run.collected} tests of {' '.join(suite)} collected; {left}", flush=True)
