@@ -1,8 +1,9 @@
 """Tests for `make clone-venv` (utils/workbench/clonevenv.py) on a fake clone whose `testing` extra names one
 requirement a local find-links folder has, one whose dependency no index has, and one no index has. pip runs offline
-(PIP_NO_INDEX, PIP_FIND_LINKS) and the new venv sees this venv's packages (pytest) through PYTHONPATH; the fake
-project pins no torch, so none is installed."""
+(PIP_NO_INDEX, PIP_FIND_LINKS) and the new venv sees this venv's packages (pytest, torch) through PYTHONPATH: the fake
+project pins the torch installed here, which pip then finds installed (nothing is downloaded)."""
 
+import importlib.metadata
 import json
 import sysconfig
 from pathlib import Path
@@ -60,6 +61,9 @@ def clone_venv(setup, tmp_path, monkeypatch):  # noqa: F811
     """The fake workbench, a clone whose tests/trainer needs its `testing` extra, and pip offline on a find-links
     folder with localdep and needsmissing (which needs nowhere-too)."""
     root, _ = setup
+    config = json.loads((root / "patches/config.json").read_text(encoding="utf-8"))
+    config["pins"] = {"torch": importlib.metadata.version("torch")}
+    write(root / "patches/config.json", json.dumps(config))
     files = {**CLONE_FILES, "pyproject.toml": PYPROJECT, "backend.py": BACKEND}
     clone = make_clone(tmp_path / "venv-clone", {**files, "tests/trainer/test_localdep.py": NEEDS_LOCALDEP})
     links = tmp_path / "links"
@@ -97,7 +101,11 @@ def test_the_venv_gets_what_the_index_has_names_the_rest_and_collects_the_suite(
         f"fork.py clone-venv: error: {out}: upstream's tests/trainer does not collect with it: "
         f"tests/trainer/test_nowhere.py: ModuleNotFoundError: No module named 'nowhere_dep'; {left}"
     )
+    steps = [line.split(" install ", 1)[1] for line in captured.out.splitlines() if line.startswith("+ ")]
+    torch = importlib.metadata.version("torch")
+    assert [step.split(" ", 2)[2] for step in steps[:2]] == [f"torch=={torch}", f"--no-deps -e {clone}"]
     installed = site_packages(out)
+    assert not any(name.startswith("torch") for name in installed)  # this venv's, through PYTHONPATH
     assert "localdep.py" in installed and "fakepkg.pth" in installed and "needsmissing.py" not in installed
     assert json.loads((out / ".workbench-clone-venv.json").read_text(encoding="utf-8")) == {"clone": str(clone)}
 

@@ -145,7 +145,8 @@ def cmd_clone_venv(project: Project, args) -> int:
     with tempfile.TemporaryDirectory(prefix="workbench-clone-venv-") as tmp:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={torch}\n" if torch else "", encoding="utf-8")
-        for step in [[f"torch=={torch}"]] * bool(torch) + [["--no-deps", "-e", str(clone)]]:  # torch first, as deps
+        steps = ([[f"torch=={torch}"]] if torch else []) + [["--no-deps", "-e", str(clone)]]  # torch first, as deps
+        for step in steps:
             if pip(python, "-c", str(constraints), *step)[0] != 0:
                 raise ForkError(f"pip install {' '.join(step)} failed in {out} (its output is above)")
         proc = subprocess.run(
