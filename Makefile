@@ -11,18 +11,19 @@ PYTEST_ARGS ?= -n auto
 REPRO_ARGS ?=
 UPGRADE_ARGS ?=
 AUTHOR ?=
+CLONE_VENV ?= ../clone-venv
 
 # No variable of this interface reaches a command's environment (make puts its command line's variables there, and
 # `ACCELERATE=...` would reach the tests); every test run also starts in a defined environment (workbench/testenv.py).
 unexport PYTHON FORK_ARGS PYTEST_ARGS REPRO_ARGS UPGRADE_ARGS AUTHOR TRANSFORMERS ACCELERATE TESTS CENSUS_ARGS \
-	CLONE PR OPEN_ARGS
+	CLONE PR OPEN_ARGS CLONE_VENV
 
 # Files we own are checked with our pyproject.toml; the PR's overlay files with upstream's own settings.
 OWN_PY := utils tests/workbench bench
 OVERLAY_PY := $(wildcard src tests/trainer tests/utils)
 ACCELERATE_OVERLAY_PY := $(wildcard accelerate)
 
-.PHONY: help fork deps test patches check pr quality repro upgrade open
+.PHONY: help fork deps test patches check pr quality repro upgrade open clone-venv
 .DEFAULT_GOAL := help
 
 help: ## list the targets, one line each, and the variables that pass options
@@ -31,7 +32,7 @@ help: ## list the targets, one line each, and the variables that pass options
 	@echo "Options: FORK_ARGS (fork.py build, e.g. --force), PYTEST_ARGS (default -n auto), REPRO_ARGS (utils/repro,"
 	@echo "  e.g. '--steps 6 --scenarios no_scaler_pt'), UPGRADE_ARGS (--allow-older, --force), TRANSFORMERS=VERSION and"
 	@echo "  ACCELERATE=VERSION (upgrade), AUTHOR='Name <email>' (pr), TESTS and CENSUS_ARGS (census), CLONE, PR and"
-	@echo "  OPEN_ARGS (open, e.g. --force, --base REF, --venv DIR)"
+	@echo "  OPEN_ARGS (open, e.g. --force, --base REF, --venv DIR), CLONE_VENV (clone-venv's venv, default ../clone-venv)"
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,9 @@ upgrade: deps ## move the forks and the stack to new releases (the newest, or TR
 
 open: fork ## CLONE=../transformers [PR=name]: each PR on a branch of your clone of main, proven there (OPEN_ARGS)
 	$(VPY) $(FORK) open --clone "$(CLONE)" $(if $(PR),--pr "$(PR)") $(OPEN_ARGS)
+
+clone-venv: fork ## CLONE=../transformers: a venv (CLONE_VENV) with the clone's own test dependencies, for open's --venv
+	$(VPY) $(FORK) clone-venv --clone "$(CLONE)" --out "$(CLONE_VENV)"
 
 patches: | $(VPY) ## export the forks' commits back into the overlays and patches/<upstream>/
 	$(VPY) $(FORK) export

@@ -1,15 +1,16 @@
 """pytest plugin: ``--outcome-log FILE`` writes, at the end of the session, one JSON object: each test's outcome by node
 id (passed, failed, error, skipped, xfailed, xpassed; an error in set-up or tear-down is ``error``, a failed call stays
-``failed``) and each file or folder that failed to collect, with the last line of its error. The tear-down error of the
-global-state guard (``utils/pytest_global_state.py``: the test left state changed) does not change the outcome: the
-guard's own log names that leak, so a leak is counted once, as a leak. Under pytest-xdist the controller writes it, from
+``failed``), each file or folder that failed to collect, with the last line of its error, and how many tests were
+collected (``--collect-only`` runs none). The tear-down error of the global-state guard
+(``utils/pytest_global_state.py``: the test left state changed) does not change the outcome: the guard's own log names
+that leak, so a leak is counted once, as a leak. Under pytest-xdist the controller writes it, from
 the workers' reports. ``make open`` (``utils/workbench/opener.py``) reads it."""
 
 import json
 import re
 
 
-_STATE = {"path": None, "tests": {}, "collect_errors": {}}
+_STATE = {"path": None, "tests": {}, "collect_errors": {}, "collected": 0}
 GUARD_ERROR = "left process-global state changed"  # the guard's tear-down error
 
 
@@ -35,6 +36,10 @@ def pytest_collectreport(report):
         _STATE["collect_errors"][report.nodeid] = cause(str(report.longrepr).splitlines()) or "failed"
 
 
+def pytest_collection_finish(session):
+    _STATE["collected"] = len(session.items)
+
+
 def pytest_runtest_logreport(report):
     tests = _STATE["tests"]
     xfail = hasattr(report, "wasxfail")
@@ -54,6 +59,6 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     if _STATE["path"]:
-        data = {"tests": _STATE["tests"], "collect_errors": _STATE["collect_errors"]}
+        data = {"tests": _STATE["tests"], "collect_errors": _STATE["collect_errors"], "collected": _STATE["collected"]}
         with open(_STATE["path"], "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)

@@ -164,3 +164,12 @@ def test_a_test_run_gets_a_defined_environment(tmp_path):
     command = [sys.executable, "-m", "workbench.testenv", "-q", "-p", "no:cacheprovider", "-p", "pytest_global_state"]
     proc = subprocess.run([*command, str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_readme_gives_the_command_make_clone_venv_runs():
+    """As for `make repro` and `make open`: scripts run what make runs, which keeps the exit statuses."""
+    readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    recipe = shlex.split(make("-n", "clone-venv", "CLONE=../transformers").splitlines()[-1])
+    assert " ".join(recipe) == ".venv/bin/python utils/fork.py clone-venv --clone ../transformers --out ../clone-venv"
+    assert f"scripts run the command make runs, which keeps them: `{' '.join(recipe)}`" in readme
+    assert "`make clone-venv CLONE=../transformers` (`CLONE_VENV=DIR`, default `../clone-venv`" in readme

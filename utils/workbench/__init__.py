@@ -12,7 +12,7 @@ The repository holds only what we write, per upstream (``patches/config.json`` l
   with its own tests and description (``docs/pr/<name>.md``).
 
 Modules: ``project`` (configuration), ``sources`` (sdists, pristine trees), ``overlay``, ``series`` (apply, export,
-lint), ``stack`` (PRs, levels, level tests), ``forks`` (build, editable install, export), ``opener`` (open, build --clone), ``upgrade``, ``pr`` (dist/ output),
+lint), ``stack`` (PRs, levels, level tests), ``forks`` (build, editable install, export), ``opener`` (open, build --clone), ``clonevenv`` (clone-venv), ``upgrade``, ``pr`` (dist/ output),
 ``cli`` (check, deps, the command line).
 
 Commands (``python utils/fork.py <command> --help`` for options):
@@ -32,6 +32,8 @@ Commands (``python utils/fork.py <command> --help`` for options):
 ``open``    ``make open CLONE=..``: each PR of the clone's upstream on a branch made from the clone's main, proven there:
             its tests with and without its fix, upstream's suite under the global-state guard on main and on the
             branches, the GPU check where CUDA is; one table per PR (``opener.py``).
+``clone-venv`` ``make clone-venv CLONE=..``: a venv with the clone's own declared test requirements (those the package
+            index has, the others named), for ``open --venv``; it checks that upstream's suite collects with it.
 ``deps``    install the pinned tools into the virtual environment (torch first), once per pin set.
 ``upgrade`` move to new upstream releases (the newest on the package index, or ``--transformers V --accelerate V``):
             download and hash the sdists, rebuild the forks on them with every PR re-applied three-way, re-export,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __doc__ as PACKAGE_DOC
 from .args import Parser
+from .clonevenv import cmd_clone_venv
 from .forks import (
     OVERLAY_MESSAGE,
     TOOL_VERSION,
@@ -250,6 +251,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=pytest_options,
         help="extra pytest arguments for every run, e.g. '--timeout 900'",
     )
+    clone_venv = sub.add_parser(
+        "clone-venv", parents=[common], help="a venv with a clone's own test dependencies, for `open --venv`"
+    )
+    clone_venv.add_argument("--clone", required=True, help="your clone of upstream (its declared requirements)")
+    clone_venv.add_argument("--out", required=True, help="the venv to make (absent, empty, or made by clone-venv)")
+    clone_venv.add_argument("--suite", action="append", help="upstream's tests to collect (default: tests/trainer)")
     sub.add_parser("deps", parents=[common], help="install the pinned tools into the venv (torch first)")
     upgrade = sub.add_parser(
         "upgrade", parents=[common], help="move the forks and the stack to new releases (default: the newest)"
@@ -304,6 +311,7 @@ COMMANDS = {
     "deps": cmd_deps,
     "upgrade": cmd_upgrade,
     "open": cmd_open,
+    "clone-venv": cmd_clone_venv,
 }
 
 
@@ -317,6 +325,9 @@ INTERRUPTED = {
         "nothing was changed (the levels were built in a temporary folder); run `make check` again"
     ),
     "deps": lambda project, args: "run `make deps` again: pip installs what is missing",
+    "clone-venv": lambda project, args: (
+        "the venv is left as far as it got; run the same command again: it goes on there"
+    ),
     "upgrade": interrupted_upgrade,
 }
 

@@ -144,12 +144,11 @@ class Target:
     identity: str
 
 
-def check_target(project: Project, args, command: str, all_prs: bool) -> Target:
-    """The clone, its upstream, the PRs, the base and the contributor's identity; BadInput for anything wrong.
-    ``all_prs``: without --pr, every PR of the upstream (`open`); else the top one with what it depends on."""
-    if not args.clone:
+def check_clone(project: Project, path: str | None) -> Path:
+    """The contributor's clone named by ``--clone``: a git clone, neither this workbench nor its fork; else BadInput."""
+    if not path:
         raise BadInput("name your clone of upstream: make open CLONE=../transformers (--clone PATH)")
-    clone = Path(args.clone).resolve()
+    clone = Path(path).resolve()
     if clone == project.root:
         raise BadInput(f"{clone} is this workbench, not a clone of upstream")
     if not clone.is_dir() or not (clone / ".git").exists():
@@ -160,6 +159,13 @@ def check_target(project: Project, args, command: str, all_prs: bool) -> Target:
             f"{clone} is the workbench's fork of {forks[0].name} (`make fork` builds it, the stack applied), not a "
             f"clone of upstream: git clone https://github.com/huggingface/{forks[0].package} and name that"
         )
+    return clone
+
+
+def check_target(project: Project, args, command: str, all_prs: bool) -> Target:
+    """The clone, its upstream, the PRs, the base and the contributor's identity; BadInput for anything wrong.
+    ``all_prs``: without --pr, every PR of the upstream (`open`); else the top one with what it depends on."""
+    clone = check_clone(project, args.clone)
     prs = load_stack(project)
     problems = stack_problems(project, prs)
     if problems:
@@ -440,6 +446,7 @@ class Run:
     wall: float
     cpu: float
     status: int
+    collected: int = 0  # the tests pytest collected (what --collect-only counts)
 
     def count(self) -> str:
         tally = {}
@@ -507,7 +514,22 @@ class Runner:
             leaks[(test, what)] = how
         for what, tests in found["unattributed"]:
             leaks[("(not attributed: " + ", ".join(sorted(tests)) + ")", what)] = "left behind"
-        return Run(label, data["tests"], leaks, data["collect_errors"], wall, cpu, proc.returncode)
+        return Run(
+            label, data["tests"], leaks, data["collect_errors"], wall, cpu, proc.returncode, data.get("collected", 0)
+        )
+
+
+def collection(project: Project, upstream: Upstream, tree: Path, suite: list[str], scratch: Path) -> Run:
+    """Whether upstream's ``suite`` imports in ``tree`` with the venv: pytest --collect-only, run as `open` runs the
+    suite (``collected`` and ``collect_errors`` say what it found)."""
+    build_stock(project, stock_dir(project))
+    return Runner(project, upstream, scratch, ["--collect-only"], stock_dir(project)).run(tree, "collect", suite)
+
+
+def not_collected(run: Run) -> str:
+    """Why a run collected nothing or not everything: each file that did not collect with its error (the
+    ``ImportError`` line), or that no test was collected."""
+    return "; ".join(f"{f}: {m}" for f, m in run.collect_errors.items()) or "no test collected"
 
 
 def clock(run: Run) -> str:
@@ -723,10 +745,9 @@ def open_prs(project: Project, target: Target, args, suite: list[str], scratch: 
     base_run = runner.run(base_tree, "base-suite", suite, workers)
     print(f"   {base_run.count()}; {clock(base_run)}", flush=True)
     if not base_run.outcomes:
-        errors = "; ".join(f"{f}: {m}" for f, m in base_run.collect_errors.items()) or "no test collected"
         raise BadInput(
-            f"upstream's {' '.join(suite)} does not run on {target.base_label}: {errors}\n(a venv with the "
-            'clone\'s own test dependencies runs it: README, "Opening the real PRs"; then OPEN_ARGS="--venv DIR")'
+            f"upstream's {' '.join(suite)} does not run on {target.base_label}: {not_collected(base_run)}\n(a venv "
+            'with the clone\'s own test dependencies runs it: `make clone-venv CLONE=...`; then OPEN_ARGS="--venv DIR")'
         )
     print(f"== the same on {label}", flush=True)
     stacked_run = runner.run(stacked, "stacked-suite", suite, workers)
