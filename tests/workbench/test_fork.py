@@ -1467,21 +1467,33 @@ def test_ctrl_c_stops_a_test_run_quietly_its_workers_included(tmp_path):
     when it landed as the workers stopped. The test run is in a session of its own, which SIGINT does not reach: the
     check stops it and its workers, and only the check's one line is printed."""
     pids = tmp_path / "pids"
-    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
-    run = (  # stands for pytest: it starts a worker, then would print a traceback on Ctrl-C
-        "import os, subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
-        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
-        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('Traceback (the test run got Ctrl-C)')\n"
-    )
     check = (  # stands for `make check`: the level's tests through run_tests, the command's Ctrl-C line
         f"import sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
         "from workbench.testenv import run_tests\n"
-        f"try:\n    run_tests([sys.executable, '-c', {run!r}])\n"
+        f"try:\n    run_tests([sys.executable, '-c', {fake_test_run(pids)!r}])\n"
         "except KeyboardInterrupt:\n    print('interrupted'); sys.exit(130)\n"
     )
+    assert ctrl_c(check, pids) == (130, "interrupted\n")
+    assert not [pid for pid in map(int, pids.read_text(encoding="utf-8").split()) if running(pid)]
+
+
+def fake_test_run(pids: Path, on_ctrl_c: str = "pass") -> str:
+    """A script standing for a test run: it starts a worker, writes both pids to ``pids``, and on Ctrl-C runs
+    ``on_ctrl_c`` and prints a traceback's first line."""
+    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    return (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        f"try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    {on_ctrl_c}; print('Traceback (Ctrl-C)')\n"
+    )
+
+
+def ctrl_c(script: str, pids: Path) -> tuple[int, str]:
+    """Runs ``script`` in a session of its own and, once the test run it starts wrote its two pids, sends its process
+    group SIGINT, as Ctrl-C does: its exit status and output."""
     process = subprocess.Popen(
-        [sys.executable, "-c", check], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
     for _ in range(300):
         if pids.exists() and len(pids.read_text(encoding="utf-8").split()) == 2:
@@ -1489,8 +1501,7 @@ def test_ctrl_c_stops_a_test_run_quietly_its_workers_included(tmp_path):
         time.sleep(0.1)
     os.killpg(process.pid, signal.SIGINT)
     out, _ = process.communicate(timeout=60)
-    assert (process.returncode, out.decode()) == (130, "interrupted\n")
-    assert not [pid for pid in map(int, pids.read_text(encoding="utf-8").split()) if running(pid)]
+    return process.returncode, out.decode()
 
 
 def running(pid: int) -> bool:

@@ -2,14 +2,11 @@
 
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from test_fork import running
+from test_fork import ctrl_c, fake_test_run, running
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,14 +66,7 @@ def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path):
     Ctrl-C from make test, so it cleans up (`make check` removes its levels) with its output unshown (a pytest-xdist
     traceback, the stage's own line); make test prints its one line."""
     pids, cleaned = tmp_path / "pids", tmp_path / "cleaned"
-    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
-    stage = (
-        "import os, subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
-        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
-        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-        f"    open({str(cleaned)!r}, 'w').close(); print('Traceback (the stage got Ctrl-C)')\n"
-    )
+    stage = fake_test_run(pids, on_ctrl_c=f"open({str(cleaned)!r}, 'w').close()")
     driver = (
         f"import importlib.util, sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
         f"spec = importlib.util.spec_from_file_location('testrun', {str(REPO_ROOT / 'utils' / 'testrun.py')!r})\n"
@@ -84,19 +74,11 @@ def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path):
         f"testrun.stages = lambda args: [('the stack', [sys.executable, '-c', {stage!r}], {{}})]\n"
         "sys.exit(testrun.main([]))\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    for _ in range(300):
-        if pids.exists() and len(pids.read_text(encoding="utf-8").split()) == 2:
-            break
-        time.sleep(0.1)
-    os.killpg(process.pid, signal.SIGINT)
-    out, _ = process.communicate(timeout=60)
-    assert process.returncode == 130 and cleaned.exists()
-    assert out.decode().splitlines()[-2:] == [
+    status, out = ctrl_c(driver, pids)
+    assert status == 130 and cleaned.exists()
+    assert out.splitlines()[-2:] == [
         "",
         "make test: interrupted in its first stage (at [1/1]); nothing is left to clean up: run `make test` again.",
     ]
-    assert "Traceback" not in out.decode()
+    assert "Traceback" not in out
     assert not [pid for pid in map(int, pids.read_text(encoding="utf-8").split()) if running(pid)]
