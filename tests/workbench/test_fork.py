@@ -1258,7 +1258,7 @@ def test_upgrade_that_fails_changes_nothing(project, tmp_path, monkeypatch, caps
     else:
         expected = "could not read the releases of fakepkg from the package index (is it reachable?)"
     capsys.readouterr()
-    assert upgrade(project, tmp_path, *args) == 1
+    assert upgrade(project, tmp_path, *args) == (2 if failure == "missing_release" else 1)  # bad input: 2
     assert expected in capsys.readouterr().err
     assert (project / "patches/config.json").read_bytes() == config
     assert sh(fork_dir(project), "git", "rev-parse", "HEAD") == head
@@ -1274,7 +1274,7 @@ def test_upgrade_to_an_older_release_needs_allow_older(project, tmp_path, monkey
     index_sdist(tmp_path / "index", "fakepkg", "0.9", files)
     index_sdist(tmp_path / "index", "fakeacc", "1.1", ACCELERATE_FILES)
     capsys.readouterr()
-    assert upgrade(project, tmp_path, "--transformers", "0.9") == 1
+    assert upgrade(project, tmp_path, "--transformers", "0.9") == 2
     assert "fakepkg 0.9 is older than the pinned 1.0: moving back needs --allow-older" in capsys.readouterr().err
     assert (project / "patches/config.json").read_bytes() == config
     assert sh(project, "git", "status", "--porcelain") == ""

@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 
 from .forks import requirement_name, venv_python
-from .gitutil import ForkError
-from .opener import SUITES, BadInput, check_clone, clone_upstream, collection, not_collected
+from .gitutil import BadInput, ForkError
+from .opener import SUITES, check_clone, clone_upstream, collection, not_collected
 from .project import Project
 
 

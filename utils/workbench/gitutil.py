@@ -18,6 +18,12 @@ class ForkError(Exception):
     """An error to report to the user as a plain message (no traceback)."""
 
 
+class BadInput(ForkError):
+    """Input a command refuses before changing anything (exit status 2)."""
+
+    status = 2
+
+
 class PatchConflict(ForkError):
     """``git am`` stopped on a patch; carries the patch name and the files that failed."""
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .gitutil import (
+    BadInput,
     ForkError,
     PatchConflict,
     am_in_progress,
@@ -68,12 +69,6 @@ SUITES = {"transformers": ["tests/trainer"], "accelerate": ["tests/test_optimize
 # summary.
 GPU_PLACEHOLDER = NOT_RUN_ON_GPU
 BAD_OUTCOMES = ("failed", "error")
-
-
-class BadInput(ForkError):
-    """Input `open` refuses before changing anything (exit status 2)."""
-
-    status = 2
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .forks import OVERLAY_MESSAGE, export_fork, fork_losses, inputs_hash, install_forks, read_stamp, write_stamp
-from .gitutil import ForkError, PatchConflict, git, rev_parse
+from .gitutil import BadInput, ForkError, PatchConflict, git, rev_parse
 from .overlay import add_overlay, read_overlay
 from .project import Project, load_project
 from .series import OVERLAY_REF, apply_patches, read_series
@@ -69,12 +69,12 @@ def target_versions(project: Project, wanted: dict[str, str | None], allow_older
         releases = index_versions(upstream.package)
         version = wanted.get(upstream.name) or releases[0]
         if version not in releases:
-            raise ForkError(
+            raise BadInput(
                 f"{upstream.package} {version} is not a release on the package index (newest: {releases[0]}); "
                 "nothing was changed"
             )
         if release_key(version) < release_key(upstream.version) and not allow_older:
-            raise ForkError(
+            raise BadInput(
                 f"{upstream.package} {version} is older than the pinned {upstream.version}: moving back needs "
                 "--allow-older (make upgrade ... UPGRADE_ARGS=--allow-older); nothing was changed"
             )
