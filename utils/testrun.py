@@ -102,7 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--pytest-args", default="", type=pytest_options, help="pytest arguments of the stages, e.g. '-n auto'"
     )
-    parser.add_argument("--only", type=int, nargs="+", help="run only these stages (1..n)")
+    parser.add_argument(
+        "--only", type=int, nargs="+", choices=range(1, len(stages("")) + 1), metavar="K", help="run only stages K"
+    )
     args = parser.parse_args(argv)
     planned = stages(args.pytest_args)
     chosen = args.only or range(1, len(planned) + 1)

@@ -80,6 +80,8 @@ def test_make_passes_the_options_it_names():
             "one argument (--help: the usage)",
         ),
         (["utils/fork.py", "bogus"], "fork.py: error: argument command: invalid choice: 'bogus' (choose from"),
+        (["utils/testrun.py", "--only", "9"], "testrun.py: error: argument --only: invalid choice: 9 (choose from 1,"),
+        (["utils/fork.py", "pr", "--author", "me"], "fork.py pr: error: --author 'me' must look like 'Name <email>'"),
         (
             ["utils/repro", "--steps", "x"],
             "repro: error: argument --steps: invalid int value: 'x' (--help: the usage)",

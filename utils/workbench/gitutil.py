@@ -85,7 +85,7 @@ def contributor_identity(cwd: Path, command: str) -> tuple[str, str]:
 def parse_author(text: str) -> tuple[str, str]:
     m = re.fullmatch(r"\s*(.+?)\s*<([^>\s]+@[^>\s]+)>\s*", text)
     if not m:
-        raise ForkError(f"--author {text!r} must look like 'Name <email>'")
+        raise BadInput(f"--author {text!r} must look like 'Name <email>'")
     return m.group(1), m.group(2)
 
 
