@@ -24,11 +24,12 @@ copying the tree, keeps a clone's root untouched and costs nothing; a leftover f
 hides its test).
 
 A progress line while it runs; pytest's own output goes to a file, its last line is shown. Exit status 0 whatever the
-census finds, 2 on bad input (no such file or folder, no test collected).
+census finds, 2 on bad input (no such file or folder, options pytest refuses, no test collected).
 """
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from workbench.args import Parser
+from workbench.testenv import PYTEST_USAGE_ERROR
 
 
 UTILS = Path(__file__).resolve().parent
@@ -136,11 +138,11 @@ def census(tests: Path, workers: int, pytest_args: list[str]) -> int:
         log, output = Path(scratch) / "global_state.jsonl", Path(scratch) / "pytest.out"
         cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
         cmd += [f"--global-state-log={log}", "-q", "-rN", str(tests)]
-        cmd += (["-n", str(workers)] if workers else []) + pytest_args
+        options = (["-n", str(workers)] if workers else []) + pytest_args
+        cmd += options
         # pytest runs from the tree's root: a relative PYTHONPATH entry (e.g. build/stock/src) means the caller's folder
         paths = [str(UTILS)] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        print(f"census: {' '.join(cmd[1:])} (in {root})", file=sys.stderr)
         last = [time.monotonic()]
         with open(output, "w", encoding="utf-8") as out:
             process = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -153,6 +155,11 @@ def census(tests: Path, workers: int, pytest_args: list[str]) -> int:
             print(file=sys.stderr)
         found = read_log(log)
         pytest_lines = output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        refusals = [line.partition(": error: ")[2] for line in pytest_lines if ": error: " in line]
+        if process.returncode == PYTEST_USAGE_ERROR and refusals:
+            print(f"census: pytest refuses {shlex.join(options)!r}: {refusals[0]}", file=sys.stderr)
+            return 2
+        print(f"census: ran {' '.join(cmd[1:])} (in {root})", file=sys.stderr)
         if not found["collected"]:
             print(f"census: no test collected in {tests} (pytest exit status {process.returncode})", file=sys.stderr)
             print("\n".join(pytest_lines[-20:]), file=sys.stderr)

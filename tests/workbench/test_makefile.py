@@ -87,6 +87,10 @@ def test_make_passes_the_options_it_names():
             "repro: error: argument --steps: invalid int value: 'x' (--help: the usage)",
         ),
         (["utils/census.py"], "census.py: error: the following arguments are required: tests (--help: the usage)"),
+        (  # pytest's own refusal, after the run: options of the tree's conftest.py are the tree's to take
+            ["utils/census.py", "tests/workbench/test_census.py", "--", "--bogus"],
+            "census: pytest refuses '--bogus': unrecognized arguments: --bogus",
+        ),
         (["utils/resume_diff.py", "a"], "resume_diff.py: error: the following arguments are required: b (--help"),
         (
             ["bench/gpu_check.py", "--bogus"],
