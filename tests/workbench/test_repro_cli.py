@@ -227,7 +227,11 @@ def test_a_new_run_replaces_the_previous_one_only_when_complete(tmp_path, monkey
     def fake_workers(options):
         seen["out"] = options.out  # the workers write beside the previous run, which stays whole meanwhile
         seen["previous"] = _files(out)
-        return {variant: _fake_worker(Path(options.out), variant) for variant in ("stock", "fork")}
+        workers = {variant: _fake_worker(Path(options.out), variant) for variant in ("stock", "fork")}
+        for record in ("fork/worker.json", "fork/ddp/ddp.json"):  # the workers' records name the new run's folders
+            (Path(options.out) / record).parent.mkdir(parents=True, exist_ok=True)
+            (Path(options.out) / record).write_text(json.dumps(workers["fork"]["runs"]), encoding="utf-8")
+        return workers
 
     monkeypatch.setattr(cli, "run_workers", fake_workers)
     assert cli.main(["--out", str(out), "--stock-src", str(stock_src)]) == 0
@@ -236,6 +240,9 @@ def test_a_new_run_replaces_the_previous_one_only_when_complete(tmp_path, monkey
     report = (out / "report.json").read_text(encoding="utf-8")
     assert "previous" not in report and str(out / "fork" / "no_scaler_pt") in report  # its paths are the final ones
     assert cli.PARTIAL_SUFFIX not in report
+    for record in ("fork/worker.json", "fork/ddp/ddp.json"):
+        text = (out / record).read_text(encoding="utf-8")
+        assert str(out / "fork" / "no_scaler_pt") in text and cli.PARTIAL_SUFFIX not in text, text
     assert (out / "fork" / "no_scaler_pt" / "trainer_state.json").is_file()
     printed = capsys.readouterr().out
     python = (

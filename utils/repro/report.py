@@ -324,13 +324,27 @@ def plot_report(report: dict, options, path: str) -> None:
     plot_figure(report, options).savefig(path, dpi=90)
 
 
+# The workers' own records of their runs (`worker.json`, and the two-process runs' `ddp.json`): they name the run
+# folders, as the report does. The runs' checkpoints are the Trainer's, and are not rewritten.
+RECORDS = {"worker.json", "ddp.json"}
+
+
 def write_report(report: dict, options, final: str) -> tuple[str, str]:
     """
-    Writes `report.json` and `repro.png` under `--out` (the new run's folder), naming its paths as they will be once
-    it is moved to `final`. Returns their paths there.
+    Writes `report.json` and `repro.png` under `--out` (the new run's folder), naming its paths, and those of the
+    workers' records, as they will be once it is moved to `final`. Returns their paths there.
     """
-    text = json.dumps(resume_diff.json_safe(report), indent=2).replace(options.out + os.sep, final + os.sep)
+
+    def moved(text: str) -> str:
+        return text.replace(options.out + os.sep, final + os.sep)
+
+    for folder, _, names in os.walk(options.out):
+        for path in (os.path.join(folder, name) for name in RECORDS.intersection(names)):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(moved(text))
     with open(os.path.join(options.out, "report.json"), "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write(moved(json.dumps(resume_diff.json_safe(report), indent=2)))
     plot_report(report, options, os.path.join(options.out, "repro.png"))
     return os.path.join(final, "report.json"), os.path.join(final, "repro.png")
