@@ -72,6 +72,11 @@ def test_overflow_steps_default_to_the_middle_of_the_schedule():
     assert cli.parse_args([]).overflow_steps == [9, 10]
     assert cli.parse_args(["--steps", "6", "--resume-step", "3"]).overflow_steps == [2, 3]
     assert cli.parse_args(["--steps", "2", "--resume-step", "1"]).overflow_steps == [1]
+
+
+def test_the_resume_step_follows_the_number_of_steps():
+    """`--steps 6` alone (make help's example) was refused: the checkpoint to resume from stayed 11."""
+    assert [cli.parse_args(["--steps", str(steps)]).resume_step for steps in (20, 6, 2)] == [11, 4, 1]
     assert cli.parse_args(["--overflow-steps", " 12,3,12 "]).overflow_steps == [3, 12]
 
 

@@ -3,7 +3,7 @@ Reproduce transformers#34053 offline, against stock transformers and against the
 
 Usage (what `make repro` runs):
 
-    .venv/bin/python utils/repro [--out build/repro] [--steps 20] [--resume-step 11] [--scenarios ...]
+    .venv/bin/python utils/repro [--out build/repro] [--steps 20] [--resume-step STEPS//2+1] [--scenarios ...]
                                  [--device auto|cpu|cuda] [--stock-src build/stock/src] [--variants stock,fork]
 
 #34053: with fp16 mixed precision, the `GradScaler` loss scale was not saved in checkpoints. After a resume it

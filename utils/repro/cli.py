@@ -23,7 +23,11 @@ def parse_args(argv=None):
         "--out", default=os.path.join("build", "repro"), help="output directory (default: build/repro)"
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
-    parser.add_argument("--resume-step", type=int, default=11, help="checkpoint to resume from (default: 11)")
+    parser.add_argument(
+        "--resume-step",
+        type=int,
+        help="checkpoint to resume from (default: the step after the middle, 11 for 20 steps)",
+    )
     parser.add_argument(
         "--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS), help="default: all"
     )
@@ -46,6 +50,8 @@ def parse_args(argv=None):
         parser.error(f"--variants: choose among {', '.join(VARIANTS)}")
     if options.steps < 2:
         parser.error(f"--steps must be at least 2 (a checkpoint to resume from, then more steps), got {options.steps}")
+    if options.resume_step is None:
+        options.resume_step = min(options.steps // 2 + 1, options.steps - 1)
     if not 1 <= options.resume_step < options.steps:
         parser.error("--resume-step must be at least 1 and less than --steps")
     if options.overflow_steps is None:
