@@ -55,6 +55,23 @@ def test_make_help_lists_every_target_one_line_each():
     assert make() == printed  # bare `make` is `make help`, and builds nothing
 
 
+def test_the_examples_make_help_gives_are_taken():
+    """make help's example REPRO_ARGS ('--steps 6 ...') was refused by utils/repro: its checkpoint to resume from
+    stayed 11. Each example is parsed by the command it goes to."""
+    printed = " ".join(make("help").split())
+    example = re.search(r"REPRO_ARGS \(utils/repro, e\.g\. '([^']+)'\)", printed).group(1)
+    from repro import cli as repro_cli
+
+    assert repro_cli.parse_args(shlex.split(example)).steps == 6
+    from workbench import cli as fork_cli
+
+    for option in re.search(r"OPEN_ARGS \(open, e\.g\. ([^)]+)\)", printed).group(1).split(", "):
+        args = fork_cli.parse_args(
+            ["open", "--clone", "x", *option.replace("REF", "main").replace("DIR", "d").split()]
+        )
+        assert args.command == "open"
+
+
 def test_make_passes_the_options_it_names():
     recipe = make("-n", "repro", "REPRO_ARGS=--steps 6 --scenarios no_scaler_pt").splitlines()[-1]
     assert shlex.split(recipe) == [".venv/bin/python", "utils/repro", "--steps", "6", "--scenarios", "no_scaler_pt"]
