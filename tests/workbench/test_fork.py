@@ -215,6 +215,12 @@ def test_build_creates_pristine_base_overlay_and_is_then_a_no_op(project, capsys
     assert run(project, "build") == 0
     assert "nothing to do" in capsys.readouterr().out
     assert sh(fork_path, "git", "rev-parse", "HEAD") == head
+    # --force rebuilds all the same (it said "up to date", and a fork holding a file no build makes kept it)
+    write(fork_path / "tests/stale_test.py", "def test_stale(): pass\n")
+    assert run(project, "build", "--force") == 0
+    assert "nothing to do" not in capsys.readouterr().out
+    assert sh(fork_path, "git", "rev-parse", "HEAD") == head and not (fork_path / "tests/stale_test.py").exists()
+    assert (project / "build/transformers.backup-1/tests/stale_test.py").exists()  # not the build's: kept aside
 
 
 def test_build_is_reproducible(project, tmp_path):

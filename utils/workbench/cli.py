@@ -215,7 +215,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--author", help="with --clone: 'Name <email>' (default: git's user.name and user.email)")
     build.add_argument("-3", "--3way", dest="three_way", action="store_true", help="let git am do three-way merges")
     build.add_argument(
-        "--force", action="store_true", help="rebuild even when the fork has unexported work (kept as a backup)"
+        "--force",
+        action="store_true",
+        help="rebuild even when up to date, or when the fork has unexported work (kept as a backup)",
     )
     build.add_argument("--no-install", action="store_true", help="skip the editable pip install into the venv")
     export = sub.add_parser("export", parents=[common], help="write the forks' commits back as overlay and patches")

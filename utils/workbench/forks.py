@@ -259,7 +259,8 @@ def build_fork(project: Project, upstream: Upstream, args) -> None:
         is_repo = (fork / ".git").exists()
         stamp = read_stamp(fork) if is_repo else {}
         head = rev_parse(fork, "HEAD") if is_repo else None
-        if is_repo and stamp.get("inputs") == inputs and stamp.get("head") == head and not am_in_progress(fork):
+        unchanged = is_repo and stamp.get("inputs") == inputs and stamp.get("head") == head
+        if unchanged and not am_in_progress(fork) and not args.force:
             print(f"{project.rel(fork)} is up to date (nothing to do)")
             return
         losses = fork_losses(project, upstream, fork, stamp)
