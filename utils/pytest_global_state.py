@@ -46,13 +46,15 @@ was imported before the test's set-up (test modules import it when they are coll
 that was there before the test is never touched, and not seen being left again. A new one is deleted at the test's
 tear-down (a folder with all it holds; a symbolic link itself, never what it points to) only when an audit hook
 (``sys.addaudithook``: installed once per process, it notes names during a test, nothing else) saw this process's Python
-create it, not there an instant before: ``open`` with ``O_CREAT`` (modes ``w``, ``x``, ``a``; ``Path.write_text`` and
+create it during the test's call (in its main thread, not there an instant before): ``open`` with ``O_CREAT`` (modes ``w``, ``x``, ``a``; ``Path.write_text`` and
 ``touch``, ``shutil.copy*``, ``tempfile``'s files), ``os.mkdir`` (``os.makedirs``, ``Path.mkdir``, ``shutil.copytree``,
 ``tempfile.mkdtemp``), ``os.symlink``, ``os.link``, and ``os.rename``/``os.replace`` of a path the test created (not of
 what was there before: its content is not the test's). The hook does not see code in C or another language write a file
 (``torch.save``'s C++ writer, ``safetensors``, ``sqlite3``, ``os.mkfifo``), nor subprocesses or other programs (a user
-saving a file while the tests run): what they make is named, never deleted (the census removes what its tests left,
-see ``utils/census.py``). A name the test's Python made and then removed (``os.remove``, ``os.rmdir``, a rename) is
+saving a file while the tests run), and a fixture's set-up (a module- or session-scoped fixture's files are still in
+use) or a thread (another test's may still be writing) is not the test's call: what they make is named, never deleted
+(the census removes what its tests left, see ``utils/census.py``). Pytest's own ``--basetemp``, when it lies in a
+watched folder, is not compared. A name the test's Python made and then removed (``os.remove``, ``os.rmdir``, a rename) is
 forgotten: made again by another program, it is not deleted.
 
 Under ``pytest -n N`` (N > 1) the workers are separate processes, so everything above stays per test, except the files:
@@ -133,14 +135,16 @@ C_UNSET = "<unset>"
 PROPERTY = "pytest_global_state"  # the teardown report's user property carrying a worker's new files to the controller
 _SNAPSHOTS = {}
 # shared: an xdist worker beside others; made: the watched folders' entries this process created during the current
-# test (its audit hook; None between tests); created: every path it created during the test.
+# test's call (its audit hook; None outside a call); created: every path it created then; kept: the top-level entries
+# holding pytest's --basetemp, not compared.
 # On the controller, charged: the entries a worker charged to a test; seen: for each other new entry, the tests that saw
 # it appear; left: (what, tests) for each entry it reports.
-_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": None, "created": set()}
+_SESSION = {"config": None, "folders": {}, "log": None, "shared": False, "made": None, "created": set(), "kept": []}
 _SESSION.update(
     charged=set(), seen={}, left=[], libraries={name for name in LOGGERS if name}, **{"test modules": set()}
 )
 _AUDITING = []
+_MAIN_THREAD = threading.main_thread().ident
 
 
 class Unreadable:
@@ -334,7 +338,7 @@ def _note_made(event: str, args: tuple) -> None:
     """Audit hook, during a test: notes each path this process's Python creates, and each top-level entry of a watched
     folder it creates that was not there an instant before (what the test's teardown may delete), until it removes it."""
     made = _SESSION["made"]
-    if made is None or (event not in CREATING and event not in REMOVING):
+    if made is None or (event not in CREATING and event not in REMOVING) or threading.get_ident() != _MAIN_THREAD:
         return
     try:  # an exception here would abort the operation being audited
         if event == "open":
@@ -351,9 +355,9 @@ def _note_made(event: str, args: tuple) -> None:
         if event not in CREATING or not ours:
             return
         path = os.path.abspath(os.fsdecode(args[CREATING[event]]))
-        if not os.path.lexists(path):
+        if not os.path.lexists(path):  # an existing one (`makedirs(exist_ok=True)`, `open("a")`) is not made here
             made.update(_names(path))
-        _SESSION["created"].add(path)
+            _SESSION["created"].add(path)
     except Exception:  # noqa: BLE001, S110
         pass
 
@@ -362,6 +366,16 @@ def _names(path: str) -> list[str]:
     """How the snapshot names ``path`` when it is a top-level entry of a watched folder (without a folder's slash)."""
     folders = _SESSION["folders"].items()
     return [f"{label}: {os.path.basename(path)}" for label, folder in folders if os.path.dirname(path) == folder]
+
+
+def _top_entries(path: str) -> list[str]:
+    """How the snapshot names the top-level entries of the watched folders that are ``path`` or hold it."""
+    names = []
+    for label, folder in _SESSION["folders"].items():
+        relative = os.path.relpath(path, folder)
+        if relative != os.curdir and not relative.startswith(os.pardir):
+            names.append(f"{label}: {relative.split(os.sep)[0]}")
+    return names
 
 
 def _created(path: str) -> bool:
@@ -396,7 +410,8 @@ def changes(before: dict, after: dict) -> list[tuple[str, str]]:
         if old == new or key == IMPORTED:
             continue
         if key in _SESSION["folders"]:
-            found += [(f"{key}: {name}", LEFT) for name in sorted(set(new) - set(old))]
+            left = [f"{key}: {name}" for name in sorted(set(new) - set(old))]
+            found += [(what, LEFT) for what in left if what.rstrip("/") not in _SESSION["kept"]]  # pytest's basetemp
         elif key == "non-daemon threads":
             started = [thread.name for thread in new if thread not in old]  # one that ended is not a change
             if started:
@@ -629,6 +644,8 @@ def pytest_configure(config):
     if os.path.realpath(rootdir) != os.path.realpath(cwd):
         _SESSION["folders"]["files in the rootdir"] = rootdir
     _SESSION.update(charged=set(), seen={}, left=[])
+    basetemp = config.getoption("basetemp", None)
+    _SESSION["kept"] = _top_entries(os.path.abspath(basetemp)) if basetemp else []
     workerinput = getattr(config, "workerinput", None)
     _SESSION["shared"] = workerinput is not None and workerinput.get("workercount", 2) > 1
     if not _AUDITING:
@@ -651,8 +668,14 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
-    _SESSION.update(made=set(), created=set())
+    _SESSION.update(made=None, created=set())
     _SNAPSHOTS[item.nodeid] = snapshot()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    _SESSION["made"] = set()  # the test's own making: not its fixtures' set-up (a wider fixture's files are in use)
     return (yield)
 
 
@@ -689,7 +712,7 @@ def _check(item) -> None:
         for module, attribute, value, now in replaced
     ]
     files = [what for what, how in changed if how == LEFT]
-    made, _SESSION["made"] = _SESSION["made"], None  # the audit hook notes nothing more until the next set-up
+    made, _SESSION["made"] = _SESSION["made"] or set(), None  # the audit hook notes nothing more until the next call
     if _SESSION["shared"]:
         # New entries this process did not make may be another worker's: the controller decides (pytest_sessionfinish).
         seen = [what for what in files if what.rstrip("/") not in made]

@@ -174,6 +174,48 @@ def test_3_cleans_up():
 """
 
 
+# What is not the test's call's making, or was there before: never deleted (each of these lost data or broke a later
+# test when the guard deleted it).
+NOT_THE_TESTS = """
+import os
+import threading
+from logging.handlers import RotatingFileHandler
+import logging
+
+import pytest
+
+WRITTEN = threading.Event()
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    os.makedirs("artifacts")  # a module-scoped fixture's folder, in use until the module ends
+    yield "artifacts"
+    os.rmdir("artifacts")
+
+
+def test_1_renames_what_was_there(tmp_path_factory):
+    os.makedirs("userdata", exist_ok=True)  # there before: opening it is not making it
+    os.rename("userdata", "userdata.old")
+    handler = RotatingFileHandler("app.log", maxBytes=10, backupCount=1)  # rolls the old app.log over to app.log.1
+    logger = logging.getLogger("not_the_tests")
+    logger.addHandler(handler)
+    logger.warning("one line")
+    logger.removeHandler(handler)
+    handler.close()
+    tmp_path_factory.mktemp("made_in_the_call")  # under pytest's basetemp, which is pytest's
+
+
+def test_2_uses_a_module_fixture(artifacts, tmp_path):
+    threading.Thread(target=lambda: (open("from_a_thread.txt", "w").close(), WRITTEN.set())).start()
+    WRITTEN.wait(10)
+
+
+def test_3_still_has_it(artifacts):
+    assert os.path.isdir(artifacts)
+"""
+
+
 # Under `-n 2`, xdist hands out fewer than 4 tests round-robin: these two run on different workers, and meet at a file
 # barrier (in SYNC, outside the working directory), so that both are running when the two folders appear.
 XDIST_TESTS = """
@@ -354,6 +396,22 @@ def test_files_the_tests_python_left_are_deleted_and_the_others_named(tmp_path, 
     expected = ["again.txt", "existing.txt", "made_by_a_child.txt", "renamed.txt", "test_files.py"]
     assert sorted(set(os.listdir(run)) - {"__pycache__"}) == expected, out
     assert (run / "existing.txt").read_text() == "changed" and (outside / "kept.txt").exists()
+
+
+def test_what_the_tests_call_did_not_make_is_never_deleted(tmp_path):
+    """A folder or file there before the test (opened, renamed, rolled over), a module fixture's folder, a thread's file
+    and pytest's --basetemp: named where new, never deleted (a wider fixture's folder deleted broke the next test)."""
+    (tmp_path / "userdata").mkdir()
+    (tmp_path / "userdata" / "notes.txt").write_text("mine")
+    (tmp_path / "app.log").write_text("the user's log\n" * 5)
+    out = run_pytest(tmp_path, "--basetemp", "bt", test_not_the_tests__py=NOT_THE_TESTS).stdout
+    assert "3 passed, 2 errors" in out, out
+    for name in ("userdata.old/", "app.log.1", "artifacts/", "from_a_thread.txt"):
+        assert f"files in the working directory: {name}: left behind (not deleted" in out, out
+    assert "bt" not in re.findall(r"files in the working directory: (\S+):", out), out
+    assert (tmp_path / "userdata.old" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "app.log.1").read_text().startswith("the user's log")
+    assert (tmp_path / "bt").is_dir() and not (tmp_path / "artifacts").exists()
 
 
 def test_variables_torch_sets_once_per_process_are_not_a_tests_leak(monkeypatch):
