@@ -17,7 +17,7 @@ import sys
 import time
 
 from workbench.args import Parser
-from workbench.testenv import pytest_options
+from workbench.testenv import pytest_options, sigint_ignored
 
 
 UTILS = os.path.dirname(os.path.abspath(__file__))
@@ -85,10 +85,11 @@ def run_stage(command: list[str], env: dict) -> tuple[int, str]:
             os.write(sys.stdout.fileno(), chunk)
             chunks.append(chunk)
     except KeyboardInterrupt:
-        os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C: `make check` removes its levels
-        while os.read(process.stdout.fileno(), 65536):
-            pass
-        process.wait()
+        with sigint_ignored():  # a second Ctrl-C would leave it running, out of reach
+            os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C: `make check` removes its levels
+            while os.read(process.stdout.fileno(), 65536):
+                pass
+            process.wait()
         raise
     return process.wait(), b"".join(chunks).decode(errors="replace")
 

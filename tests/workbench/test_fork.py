@@ -1,6 +1,7 @@
 """Tests for the workbench (utils/fork.py, utils/workbench/) on small fake upstream sdists made in each test: a fake
 transformers and a fake accelerate (real git, no network, no pip)."""
 
+import contextlib
 import hashlib
 import io
 import json
@@ -1471,7 +1472,7 @@ def test_ctrl_c_in_check_changes_nothing(project, tmp_path, monkeypatch, capsys)
 def test_ctrl_c_stops_a_test_run_quietly_its_workers_included(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) while a level's pytest runs: pytest-xdist printed a traceback
     when it landed as the workers stopped. The test run is in a session of its own, which SIGINT does not reach: the
-    check stops it and its workers, and only the check's one line is printed."""
+    check stops it and its workers (one that outlives SIGTERM is killed), and only the check's one line is printed."""
     pids = tmp_path / "pids"
     check = (  # stands for `make check`: the level's tests through run_tests, the command's Ctrl-C line
         f"import sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
@@ -1484,9 +1485,12 @@ def test_ctrl_c_stops_a_test_run_quietly_its_workers_included(tmp_path):
 
 
 def fake_test_run(pids: Path, on_ctrl_c: str = "pass") -> str:
-    """A script standing for a test run: it starts a worker, writes both pids to ``pids``, and on Ctrl-C runs
-    ``on_ctrl_c`` and prints a traceback's first line."""
-    worker = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    """A script standing for a test run: it starts a worker that handles SIGTERM (as torchrun does), writes both pids
+    to ``pids``, and on Ctrl-C runs ``on_ctrl_c`` and prints a traceback's first line."""
+    worker = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, lambda *args: None)\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    )
     return (
         "import os, subprocess, sys, time\n"
         f"subprocess.Popen([sys.executable, '-c', {worker!r}])\n"
@@ -1495,9 +1499,9 @@ def fake_test_run(pids: Path, on_ctrl_c: str = "pass") -> str:
     )
 
 
-def ctrl_c(script: str, pids: Path) -> tuple[int, str]:
+def ctrl_c(script: str, pids: Path, again: bool = False) -> tuple[int, str]:
     """Runs ``script`` in a session of its own and, once the test run it starts wrote its two pids, sends its process
-    group SIGINT, as Ctrl-C does: its exit status and output."""
+    group SIGINT, as Ctrl-C does (``again``: a second time, 0.3 s later): its exit status and output."""
     process = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -1506,6 +1510,10 @@ def ctrl_c(script: str, pids: Path) -> tuple[int, str]:
             break
         time.sleep(0.1)
     os.killpg(process.pid, signal.SIGINT)
+    if again:
+        time.sleep(0.3)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)
     out, _ = process.communicate(timeout=60)
     return process.returncode, out.decode()
 

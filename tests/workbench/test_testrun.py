@@ -61,12 +61,14 @@ def test_the_stages_are_the_makefiles_commands():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the processes' states in /proc (Linux)")
-def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path):
+@pytest.mark.parametrize("again", [False, True], ids=["once", "twice"])
+def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path, again):
     """Ctrl-C (SIGINT to the terminal's process group) in a stage: the stage runs in a session of its own and gets
     Ctrl-C from make test, so it cleans up (`make check` removes its levels) with its output unshown (a pytest-xdist
-    traceback, the stage's own line); make test prints its one line."""
+    traceback, the stage's own line); make test prints its one line. A second Ctrl-C does not cut that short (make test
+    ended while the stage, out of reach, was still cleaning up)."""
     pids, cleaned = tmp_path / "pids", tmp_path / "cleaned"
-    stage = fake_test_run(pids, on_ctrl_c=f"open({str(cleaned)!r}, 'w').close()")
+    stage = fake_test_run(pids, on_ctrl_c=f"time.sleep(1); open({str(cleaned)!r}, 'w').close()")
     driver = (
         f"import importlib.util, sys; sys.path.insert(0, {str(REPO_ROOT / 'utils')!r})\n"
         f"spec = importlib.util.spec_from_file_location('testrun', {str(REPO_ROOT / 'utils' / 'testrun.py')!r})\n"
@@ -74,7 +76,7 @@ def test_ctrl_c_stops_the_stage_quietly_and_lets_it_clean_up(tmp_path):
         f"testrun.stages = lambda args: [('the stack', [sys.executable, '-c', {stage!r}], {{}})]\n"
         "sys.exit(testrun.main([]))\n"
     )
-    status, out = ctrl_c(driver, pids)
+    status, out = ctrl_c(driver, pids, again)
     assert status == 130 and cleaned.exists()
     assert out.splitlines()[-2:] == [
         "",

@@ -58,15 +58,26 @@ def run_tests(cmd: list[str], capture: bool = False, **kwargs) -> subprocess.Com
     try:
         out, err = proc.communicate()
     except KeyboardInterrupt:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        with sigint_ignored():  # a second Ctrl-C does not cut the stopping short
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            with contextlib.suppress(ProcessLookupError):  # what outlived it (a child that handles SIGTERM)
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def sigint_ignored():
+    """SIGINT (Ctrl-C) ignored in this process for the block, while it stops what it started."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def pytest_options(value: str) -> str:
