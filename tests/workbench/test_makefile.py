@@ -130,6 +130,22 @@ def test_pytest_options_that_pytest_takes_are_passed_on_unchanged():
         assert pytest_options(value) == value
 
 
+def test_ctrl_c_while_pytest_checks_the_options_is_one_line(monkeypatch, capsys):
+    """The check runs pytest (about 1 s) while the command parses its arguments, before its own Ctrl-C handling: a
+    Ctrl-C then printed a traceback."""
+    from workbench import testenv
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(testenv.subprocess, "run", interrupted)
+    monkeypatch.setattr(sys, "argv", ["fork.py"])
+    with pytest.raises(SystemExit) as stopped:
+        testenv.pytest_options("-n 2")
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "\nfork.py: interrupted while reading its arguments; nothing was done.\n"
+
+
 def test_scripts_are_told_the_command_that_keeps_make_repros_statuses():
     """make turns every failure into 2: the README gives scripts the command `make repro` runs, with its statuses
     (tested in test_repro_cli.py: 1 not fixed, 2 bad input, 130 Ctrl-C)."""

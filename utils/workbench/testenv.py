@@ -89,7 +89,14 @@ def pytest_options(value: str) -> str:
         cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
         cmd += [*shlex.split(value), "--collect-only", "-q", f"--rootdir={empty}", empty]
         env = clean_test_env(PYTHONPATH=str(UTILS))
-        proc = subprocess.run(cmd, cwd=empty, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, cwd=empty, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        except KeyboardInterrupt:  # Ctrl-C while the command reads its arguments: it has done nothing yet
+            print(
+                f"\n{os.path.basename(sys.argv[0])}: interrupted while reading its arguments; nothing was done.",
+                file=sys.stderr,
+            )
+            raise SystemExit(130) from None
     refusals = [line.partition(": error: ")[2] for line in proc.stderr.splitlines() if ": error: " in line]
     if proc.returncode == PYTEST_USAGE_ERROR and refusals:
         raise argparse.ArgumentTypeError(f"pytest refuses {value!r}: {refusals[0]}")
