@@ -287,7 +287,17 @@ def test_upstream_tests_that_stop_collecting_are_named_per_file(setup, capsys):
 
 
 @pytest.mark.parametrize(
-    "case", ["no clone named", "not a clone", "other upstream", "dirty", "git am", "no identity", "no tests"]
+    "case",
+    [
+        "no clone named",
+        "not a clone",
+        "other upstream",
+        "dirty",
+        "git am",
+        "no identity",
+        "no tests",
+        "pytest refuses",
+    ],
 )
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(setup, tmp_path, monkeypatch, capsys, case):
     root, clone = setup
@@ -313,6 +323,9 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(setup, tmp_path, monke
         sh(clone, "git", "config", "--unset", "user.name")
         monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-gitconfig"))
         expected = "git user.name is not set"
+    elif case == "pytest refuses":
+        args = ["--pytest-args=--bogus-opt"]
+        expected = "--pytest-args: pytest refuses '--bogus-opt': unrecognized arguments: --bogus-opt"
     else:
         commit(clone, "no tests import", {"tests/trainer/conftest.py": "import nothing_here\n"})
         args, expected = ["--pr", "moves-tests"], "upstream's tests/trainer does not run on main"
@@ -460,6 +473,17 @@ def test_the_import_error_is_shown_where_upstreams_tests_do_not_import(setup, ca
     assert "tests/trainer: ImportError: fakehub>=2 is required, but found fakehub==1." in err
     assert "Try: `pip install" not in err and "--venv DIR" in err
     assert branches(clone) == ["main"] and sh(clone, "git", "worktree", "list").count("\n") == 1
+
+
+def test_pytest_options_of_the_clones_conftest_are_taken(setup, capsys):
+    """--pytest-args are checked by pytest before anything is made, with the clone's root conftest.py, whose options
+    (upstream's `--make-reports`) the workbench's own check refused."""
+    root, clone = setup
+    conftest = "def pytest_addoption(parser):\n    parser.addoption('--clone-option', action='store_true')\n"
+    commit(clone, "an option of upstream's", {"conftest.py": conftest})
+    assert open_(root, clone, "--pr", "no-bug", "--pytest-args=--clone-option") == 1  # no-bug's tests pass without it
+    captured = capsys.readouterr()
+    assert "refuses" not in captured.err and "no-bug" in captured.out
 
 
 def test_the_workbench_fork_is_refused_as_a_clone(setup, capsys):

@@ -247,11 +247,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     opener.add_argument("--suite", action="append", help="upstream's tests to run (default: tests/trainer)")
     opener.add_argument("--workers", default="auto", help="pytest -n for upstream's suite (default auto; 0: none)")
-    opener.add_argument(
-        "--pytest-args",
-        default="",
-        type=pytest_options,
-        help="extra pytest arguments for every run, e.g. '--timeout 900'",
+    opener.add_argument(  # checked by the --venv's pytest in the clone (its plugins, its conftest.py's options)
+        "--pytest-args", default="", help="extra pytest arguments for every run, e.g. '--timeout 900'"
     )
     clone_venv = sub.add_parser(
         "clone-venv", parents=[common], help="a venv with a clone's own test dependencies, for `open --venv`"

@@ -59,7 +59,7 @@ from .project import Project, Upstream
 from .series import apply_patches
 from .sources import build_stock, stock_dir
 from .stack import GUARD_PLUGIN, PR, UTILS, changed_files, dependencies, load_stack, prs_of, remove_fix, stack_problems
-from .testenv import run_tests
+from .testenv import pytest_refusal, run_tests
 from .texts import NOT_RUN_ON_GPU, RAN_ON_GPU
 
 
@@ -653,6 +653,9 @@ def cmd_open(project: Project, args) -> int:
         raise BadInput(f"{target.clone} has no {', '.join(missing)} (upstream's tests to run): pass --suite PATH")
     if not (project.venv / "bin" / "python").exists():
         raise BadInput(f"no virtual environment at {project.rel(project.venv)}: run `make fork` first")
+    refusal = pytest_refusal(args.pytest_args, str(project.venv / "bin" / "python"), target.clone / "conftest.py")
+    if refusal:
+        raise BadInput(f"--pytest-args: {refusal}")
     started = time.monotonic()
     print(
         f"make open: {', '.join(p.name for p in target.targets)} on {target.base_label} of {target.clone}, "

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,14 +81,17 @@ def sigint_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def pytest_options(value: str) -> str:
-    """``value`` (pytest options as one string, split as a shell does), when pytest takes them (argparse's ``type``):
-    pytest's own refusal of an unknown option or a missing value is the error, before any level or test is built."""
+def pytest_refusal(value: str, python: str = sys.executable, conftest: Path | None = None) -> str | None:
+    """pytest's own refusal of the options ``value`` (one string, split as a shell does: an unknown option, a missing
+    value), or None: ``python``'s pytest (its plugins) collects an empty folder with them, holding a copy of
+    ``conftest`` where given (a clone's root ``conftest.py`` adds options of its own; its side effects stay there)."""
     if not value.strip():
-        return value
+        return None
     with tempfile.TemporaryDirectory(prefix="pytest-options-") as empty:
-        cmd = [sys.executable, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider"]
-        cmd += [*shlex.split(value), "--collect-only", "-q", f"--rootdir={empty}", empty]
+        if conftest is not None and conftest.is_file():
+            shutil.copyfile(conftest, os.path.join(empty, "conftest.py"))
+        cmd = [python, "-m", "pytest", "-p", "pytest_global_state", "-p", "no:cacheprovider", *shlex.split(value)]
+        cmd += ["--collect-only", "-q", f"--rootdir={empty}", empty]
         env = clean_test_env(PYTHONPATH=str(UTILS))
         try:
             proc = subprocess.run(cmd, cwd=empty, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -98,8 +102,15 @@ def pytest_options(value: str) -> str:
             )
             raise SystemExit(130) from None
     refusals = [line.partition(": error: ")[2] for line in proc.stderr.splitlines() if ": error: " in line]
-    if proc.returncode == PYTEST_USAGE_ERROR and refusals:
-        raise argparse.ArgumentTypeError(f"pytest refuses {value!r}: {refusals[0]}")
+    return f"pytest refuses {value!r}: {refusals[0]}" if proc.returncode == PYTEST_USAGE_ERROR and refusals else None
+
+
+def pytest_options(value: str) -> str:
+    """``value`` when this venv's pytest takes it (argparse's ``type``): the refusal is the error, before any level or
+    test is built."""
+    refusal = pytest_refusal(value)
+    if refusal:
+        raise argparse.ArgumentTypeError(refusal)
     return value
 
 
