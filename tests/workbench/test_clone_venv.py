@@ -136,17 +136,25 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(clone_venv, tmp_pat
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-def test_ctrl_c_is_one_line_and_status_130(clone_venv, tmp_path, monkeypatch, capsys):
+def test_ctrl_c_is_one_line_and_status_130_and_the_same_command_goes_on(clone_venv, tmp_path, monkeypatch, capsys):
+    """Ctrl-C landing as `python -m venv` ends: the line says to run the same command again, which then goes on (the
+    venv, not yet marked as this command's, was refused as someone else's folder)."""
     from workbench import clonevenv
 
-    def interrupted(*args, **kwargs):
+    real = clonevenv.subprocess.run
+
+    def venv_then_ctrl_c(*args, **kwargs):
+        real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    root, clone = clone_venv
-    monkeypatch.setattr(clonevenv.subprocess, "run", interrupted)
-    assert clone_venv_(root, clone, tmp_path / "out") == 130
+    root, clone, out = *clone_venv, tmp_path / "out"
+    monkeypatch.setattr(clonevenv.subprocess, "run", venv_then_ctrl_c)
+    assert clone_venv_(root, clone, out) == 130
     err = capsys.readouterr().err.strip()
     assert err == (
         "fork.py clone-venv: interrupted: the venv is left as far as it got; run the same command again: it goes on "
         "there."
     )
+    monkeypatch.setattr(clonevenv.subprocess, "run", real)
+    assert clone_venv_(root, clone, out) == 0
+    assert f"clone-venv: going on in {out}" in capsys.readouterr().out

@@ -137,9 +137,10 @@ def cmd_clone_venv(project: Project, args) -> int:
         raise BadInput(f"--out {out} is the workbench's own venv: name another")
     ours = check_out(out)
     python = out / "bin" / "python"
+    out.mkdir(parents=True, exist_ok=True)  # marked first: a run stopped inside `venv` is this command's to go on with
+    (out / MARKER).write_text(json.dumps({"clone": str(clone)}) + "\n", encoding="utf-8")
     if not python.exists() and subprocess.run([str(venv_python(project)), "-m", "venv", str(out)]).returncode != 0:
         raise ForkError(f"{venv_python(project)} -m venv {out} failed (its output is above)")
-    (out / MARKER).write_text(json.dumps({"clone": str(clone)}) + "\n", encoding="utf-8")
     print(f"clone-venv: {'going on in' if ours else 'made'} {out} for {clone}", flush=True)
     torch = project.pins.get("torch")
     with tempfile.TemporaryDirectory(prefix="workbench-clone-venv-") as tmp:
