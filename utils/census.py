@@ -39,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from workbench.args import Parser
-from workbench.testenv import PYTEST_USAGE_ERROR
+from workbench.testenv import usage_error
 
 
 UTILS = Path(__file__).resolve().parent
@@ -155,9 +155,9 @@ def census(tests: Path, workers: int, pytest_args: list[str]) -> int:
             print(file=sys.stderr)
         found = read_log(log)
         pytest_lines = output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        refusals = [line.partition(": error: ")[2] for line in pytest_lines if ": error: " in line]
-        if process.returncode == PYTEST_USAGE_ERROR and refusals:
-            print(f"census: pytest refuses {shlex.join(options)!r}: {refusals[0]}", file=sys.stderr)
+        refusal = usage_error(process.returncode, "\n".join(pytest_lines))
+        if refusal:
+            print(f"census: pytest refuses {shlex.join(options)!r}: {refusal}", file=sys.stderr)
             return 2
         print(f"census: ran {' '.join(cmd[1:])} (in {root})", file=sys.stderr)
         if not found["collected"]:

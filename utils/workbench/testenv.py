@@ -101,8 +101,14 @@ def pytest_refusal(value: str, python: str = sys.executable, conftest: Path | No
                 file=sys.stderr,
             )
             raise SystemExit(130) from None
-    refusals = [line.partition(": error: ")[2] for line in proc.stderr.splitlines() if ": error: " in line]
-    return f"pytest refuses {value!r}: {refusals[0]}" if proc.returncode == PYTEST_USAGE_ERROR and refusals else None
+    refusal = usage_error(proc.returncode, proc.stderr)
+    return f"pytest refuses {value!r}: {refusal}" if refusal else None
+
+
+def usage_error(returncode: int, output: str) -> str | None:
+    """What pytest's usage error says (``unrecognized arguments: --bogus``), when ``returncode`` is one."""
+    refusals = [line.partition(": error: ")[2] for line in output.splitlines() if ": error: " in line]
+    return refusals[0] if returncode == PYTEST_USAGE_ERROR and refusals else None
 
 
 def pytest_options(value: str) -> str:
